@@ -1,0 +1,128 @@
+//! Override API request and response bodies (`/v1/admin/*`).
+//!
+//! Every override names a `reason`: it is written to the audit history and shown in
+//! the status. Bodies refuse unknown fields, so a typo is an error, not a no-op.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{HumanDuration, Rung};
+
+/// `POST /v1/admin/force`: pin a model to a rung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForceRequest {
+    /// The model to pin.
+    pub model: String,
+    /// The rung to pin it at.
+    pub rung: Rung,
+    /// When the pin ends on its own; without it, it lasts until released.
+    #[serde(default)]
+    pub ttl: Option<HumanDuration>,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// `POST /v1/admin/release`: end a model's pin; automation takes over from its rung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The pinned model.
+    pub model: String,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// `POST /v1/admin/freeze`: automation stops moving one model, or every model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreezeRequest {
+    /// The model to freeze; `None` freezes everything.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// When the freeze ends on its own.
+    #[serde(default)]
+    pub ttl: Option<HumanDuration>,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// `POST /v1/admin/thaw`: end a freeze.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThawRequest {
+    /// The model to thaw; `None` ends the global freeze.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// `POST /v1/admin/block`: soft-block an endpoint by hand.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockRequest {
+    /// The endpoint as gateways name it.
+    pub endpoint: String,
+    /// Block it for this model only; `None` blocks it for every model.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// How long; defaults to the configured block time.
+    #[serde(default)]
+    pub ttl: Option<HumanDuration>,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// `POST /v1/admin/unblock`: lift one block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnblockRequest {
+    /// The blocked endpoint.
+    pub endpoint: String,
+    /// The model of a per-model block; `None` lifts the endpoint-wide block.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// `POST /v1/admin/unblock-all`: lift every block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnblockAllRequest {
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// `POST /v1/admin/dry-run`: decide and report, but publish nothing new.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DryRunRequest {
+    /// On or off.
+    pub enabled: bool,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
+/// The answer to every admin request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdminResponse {
+    /// False when the request asked for what was already so.
+    pub changed: bool,
+    /// The route version after the request.
+    pub version: u64,
+    /// What happened, one line each, for humans.
+    pub effects: Vec<String>,
+}
+
+/// Checks the `reason` every override must carry.
+pub fn validate_reason(reason: &str) -> Result<(), &'static str> {
+    let trimmed = reason.trim();
+    if trimmed.is_empty() {
+        Err("reason: must say why (it goes into the audit history)")
+    } else if trimmed.len() > 1024 {
+        Err("reason: at most 1024 bytes")
+    } else {
+        Ok(())
+    }
+}

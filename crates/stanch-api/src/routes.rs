@@ -1,0 +1,156 @@
+//! The route table: the one thing the controller publishes and every gateway applies.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hash::Fnv64;
+use crate::{Fingerprint, Timestamp};
+
+/// A rung of a model's degradation ladder. Higher is more degraded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rung {
+    /// Route to the model's primary pool.
+    Normal = 0,
+    /// Route to the next healthy pool in the configured order.
+    Failover = 1,
+    /// Non-VIP tenants are served by the fallback model.
+    Degraded = 2,
+    /// Answer from the static FAQ set.
+    Static = 3,
+}
+
+impl Rung {
+    /// Every rung, lowest first.
+    pub const ALL: [Rung; 4] = [Rung::Normal, Rung::Failover, Rung::Degraded, Rung::Static];
+
+    /// The rung's position on the ladder, 0 to 3.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The rung at position `i`, if there is one.
+    pub fn from_index(i: usize) -> Option<Rung> {
+        Self::ALL.get(i).copied()
+    }
+
+    /// The wire name (`normal`, `failover`, `degraded`, `static`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Rung::Normal => "normal",
+            Rung::Failover => "failover",
+            Rung::Degraded => "degraded",
+            Rung::Static => "static",
+        }
+    }
+}
+
+impl fmt::Display for Rung {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error for a rung name that is not one of the four.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown rung {0:?}: expected normal, failover, degraded or static (or 0 to 3)")]
+pub struct BadRung(String);
+
+impl FromStr for Rung {
+    type Err = BadRung;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Rung::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s || r.index().to_string() == s)
+            .ok_or_else(|| BadRung(s.to_owned()))
+    }
+}
+
+/// An immutable, versioned snapshot of how every gateway should route.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteTable {
+    /// Increases by one with every published change, within an epoch.
+    pub version: u64,
+    /// Changes only when the controller lost its state history; versions from
+    /// different epochs are not comparable.
+    pub epoch: String,
+    /// FNV-1a hash of `models` and `blocked`, so clients can detect identical content.
+    pub hash: String,
+    /// When this version was made.
+    pub generated_at: Timestamp,
+    /// Routing per model, keyed by model name.
+    pub models: BTreeMap<String, ModelRoute>,
+    /// Endpoints that gateways should give the lowest priority until `until`.
+    pub blocked: Vec<BlockedEndpoint>,
+}
+
+impl RouteTable {
+    /// The content hash of `models` and `blocked`, as 16 hex digits.
+    pub fn content_hash(
+        models: &BTreeMap<String, ModelRoute>,
+        blocked: &[BlockedEndpoint],
+    ) -> String {
+        let mut h = Fnv64::default();
+        // serde_json of BTreeMaps and Vecs is deterministic.
+        h.write(&serde_json::to_vec(models).unwrap_or_default());
+        h.write(&serde_json::to_vec(blocked).unwrap_or_default());
+        format!("{:016x}", h.finish())
+    }
+}
+
+/// How gateways route one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRoute {
+    /// The ladder rung in force.
+    pub rung: Rung,
+    /// The pool that serves the model's own traffic (and VIP traffic when degraded).
+    pub pool: String,
+    /// When degraded: the model that serves non-VIP tenants.
+    pub alias: Option<String>,
+    /// Tenant classes that keep the original model while degraded.
+    #[serde(default)]
+    pub alias_exempt: Vec<String>,
+    /// When static: the FAQ set gateways answer from.
+    pub faq: Option<String>,
+    /// When this rung (and pool) took effect.
+    pub since: Timestamp,
+    /// Gateways honour this entry until then; after it, they route normally (fail-open).
+    pub lease_until: Timestamp,
+    /// Why the model is on this rung, for humans.
+    pub reason: String,
+    /// Fingerprints of the alerts behind the decision.
+    #[serde(default)]
+    pub alerts: Vec<Fingerprint>,
+    /// True when an operator's override, not automation, set this entry.
+    pub overridden: bool,
+}
+
+/// An endpoint soft-block: lowest priority, not removal.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BlockedEndpoint {
+    /// The endpoint as gateways name it (URL or host:port).
+    pub endpoint: String,
+    /// The model the block applies to; `null` blocks the endpoint for every model.
+    pub model: Option<String>,
+    /// When the block ends on its own.
+    pub until: Timestamp,
+    /// Why it was blocked.
+    pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rung_wire_names_and_order() {
+        assert_eq!(serde_json::to_string(&Rung::Degraded).unwrap(), "\"degraded\"");
+        assert!(Rung::Normal < Rung::Failover && Rung::Degraded < Rung::Static);
+        assert_eq!("static".parse::<Rung>().unwrap(), Rung::Static);
+        assert_eq!("1".parse::<Rung>().unwrap(), Rung::Failover);
+        assert!("panic".parse::<Rung>().is_err());
+    }
+}

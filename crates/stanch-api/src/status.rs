@@ -1,0 +1,171 @@
+//! The status report (`GET /v1/status`) and history entries (`GET /v1/history`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Fingerprint, HumanDuration, Rung, Timestamp};
+
+/// Everything an on-call engineer needs to see at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The route table's epoch.
+    pub epoch: String,
+    /// The published route version.
+    pub version: u64,
+    /// When the published version was made.
+    pub generated_at: Timestamp,
+    /// When this report was made.
+    pub now: Timestamp,
+    /// Set while dry-run is on: decisions are reported, not published.
+    pub dry_run: Option<OverrideInfo>,
+    /// Set while every model is frozen.
+    pub global_freeze: Option<OverrideInfo>,
+    /// Per model.
+    pub models: BTreeMap<String, ModelStatus>,
+    /// Active endpoint blocks.
+    pub blocked: Vec<BlockStatus>,
+    /// Gateways seen on the watch API, with the version each applied.
+    pub gateways: Vec<GatewayStatus>,
+    /// Active alerts by what they map to.
+    pub alerts: AlertSummary,
+    /// The state store's health.
+    pub store: StoreStatus,
+}
+
+/// One model's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    /// The rung in force (published, unless dry-run).
+    pub rung: Rung,
+    /// The rung automation decided; differs from `rung` only in dry-run.
+    pub decided_rung: Rung,
+    /// The pool serving the model.
+    pub pool: String,
+    /// The alias model while degraded.
+    pub alias: Option<String>,
+    /// Since when.
+    pub since: Timestamp,
+    /// Why.
+    pub reason: String,
+    /// When the published entry's lease ends.
+    pub lease_until: Timestamp,
+    /// An operator's pin, if any.
+    pub force: Option<ForceInfo>,
+    /// A freeze of this model, if any.
+    pub freeze: Option<OverrideInfo>,
+    /// Set while the flap guard holds the model.
+    pub pinned: Option<PinInfo>,
+    /// The stabilization window in force, after backoff.
+    pub recover_after: HumanDuration,
+    /// Unhealthy pools of this model.
+    pub unhealthy_pools: Vec<String>,
+    /// Alerts acting on this model.
+    pub alerts: Vec<Fingerprint>,
+}
+
+/// An override's who, why and until when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverrideInfo {
+    /// Why.
+    pub reason: String,
+    /// Since when.
+    pub since: Timestamp,
+    /// When it ends on its own, if ever.
+    pub until: Option<Timestamp>,
+}
+
+/// A forced rung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForceInfo {
+    /// The pinned rung.
+    pub rung: Rung,
+    /// Who, why, until when.
+    #[serde(flatten)]
+    pub info: OverrideInfo,
+}
+
+/// The flap guard's hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinInfo {
+    /// The model cannot go below this rung until `until`.
+    pub rung: Rung,
+    /// When the hold ends.
+    pub until: Timestamp,
+    /// Transitions counted in the window when it tripped.
+    pub transitions: usize,
+}
+
+/// An endpoint block with its time left.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockStatus {
+    /// The endpoint.
+    pub endpoint: String,
+    /// Its model, or `None` for every model.
+    pub model: Option<String>,
+    /// When it ends.
+    pub until: Timestamp,
+    /// Seconds left.
+    pub seconds_left: u64,
+    /// How many times in a row it was blocked (backoff level).
+    pub strikes: u32,
+    /// Why.
+    pub reason: String,
+}
+
+/// A gateway's view of the route table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayStatus {
+    /// Its `X-Stanch-Gateway` identity.
+    pub id: String,
+    /// The version it last said it applied.
+    pub applied_version: Option<u64>,
+    /// A version it said it could not apply, with why.
+    pub rejected: Option<(u64, String)>,
+    /// When it was last heard from.
+    pub last_seen: Timestamp,
+    /// Seconds since then.
+    pub age_seconds: u64,
+    /// True when its applied version is the published one.
+    pub converged: bool,
+}
+
+/// Counts of active alerts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertSummary {
+    /// Active alerts in all.
+    pub active: usize,
+    /// Active alerts that map to no condition.
+    pub unmapped: usize,
+}
+
+/// The state store's health.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStatus {
+    /// `file` or `memory`.
+    pub kind: String,
+    /// True when the last write succeeded.
+    pub healthy: bool,
+    /// Set when the state was unreadable at start and a new epoch began.
+    pub recovered_from_corruption: Option<String>,
+}
+
+/// One entry of the audit history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// Position in the history, increasing.
+    pub seq: u64,
+    /// When.
+    pub at: Timestamp,
+    /// `alert`, `transition`, `pool`, `block`, `unblock`, `override`, `pin`, ...
+    pub kind: String,
+    /// The model concerned, if one.
+    pub model: Option<String>,
+    /// One line for humans.
+    pub summary: String,
+    /// The full decision: rule, thresholds, alerts.
+    pub detail: serde_json::Value,
+    /// True when made in dry-run (reported, not published).
+    #[serde(default)]
+    pub dry_run: bool,
+}

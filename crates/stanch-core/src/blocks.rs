@@ -1,0 +1,125 @@
+//! Endpoint soft-blocks: TTL with deterministic jitter, backoff for repeat offenders,
+//! never-block patterns and the single-endpoint guard.
+
+use std::time::Duration;
+
+use stanch_api::hash::Fnv64;
+use stanch_api::{HumanDuration, Timestamp};
+
+use crate::config::{BlockPolicy, Config};
+use crate::decision::Decision;
+use crate::state::{BlockKey, BlockRecord, BlockSource, EngineState, Strikes};
+
+/// `*` and `?` glob matching, for never-block patterns.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// `d` spread by up to ±`fraction`, pseudo-randomly but deterministically from the
+/// key, the strike and the time, so that replays decide the same.
+pub(crate) fn jittered(d: Duration, policy: &BlockPolicy, key: &BlockKey, strikes: u32, now: Timestamp) -> Duration {
+    if policy.jitter <= 0.0 {
+        return d;
+    }
+    let mut h = Fnv64::default();
+    h.write(&policy.seed.to_le_bytes());
+    h.write(key.endpoint.as_bytes());
+    h.write(&[0xff]);
+    h.write(key.model.as_deref().unwrap_or("").as_bytes());
+    h.write(&strikes.to_le_bytes());
+    h.write(&now.as_millis().to_le_bytes());
+    // 53 random bits give a uniform float in [0, 1).
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    let factor = 1.0 + policy.jitter * (2.0 * unit - 1.0);
+    Duration::from_millis((d.as_millis() as f64 * factor).round() as u64)
+}
+
+/// True when the endpoint is the only one of a pool it serves, so blocking it longer
+/// leaves that pool nowhere to go.
+pub(crate) fn only_endpoint(config: &Config, key: &BlockKey) -> bool {
+    config
+        .models
+        .iter()
+        .filter(|(name, _)| key.model.as_ref().is_none_or(|m| m == *name))
+        .flat_map(|(_, m)| &m.pools)
+        .any(|p| p.endpoints().len() == 1 && p.endpoints()[0] == key.endpoint)
+}
+
+/// Blocks `key`, with backoff from its recent strikes and (unless `fixed` is given) jitter.
+pub(crate) fn block(
+    state: &mut EngineState,
+    policy: &BlockPolicy,
+    key: BlockKey,
+    reason: String,
+    source: BlockSource,
+    fixed: Option<Duration>,
+    now: Timestamp,
+    out: &mut Vec<Decision>,
+) {
+    let strikes = match state.strikes.get(&key) {
+        Some(s) if now.since(s.last) <= policy.backoff.reset_after.0 => s.count.saturating_add(1),
+        _ => 1,
+    };
+    state.strikes.insert(key.clone(), Strikes { count: strikes, last: now });
+    let ttl = fixed.unwrap_or_else(|| {
+        jittered(policy.backoff.scaled(policy.ttl.0, strikes - 1), policy, &key, strikes, now)
+    });
+    let until = now + ttl;
+    out.push(Decision::Blocked {
+        endpoint: key.endpoint.clone(),
+        model: key.model.clone(),
+        until,
+        ttl: HumanDuration(ttl),
+        strikes,
+        reason: reason.clone(),
+    });
+    state.blocks.insert(key, BlockRecord { until, since: now, reason, strikes, source });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*.internal:8000", "gpu-1.internal:8000"));
+        assert!(glob_match("gpu-?", "gpu-7"));
+        assert!(!glob_match("gpu-?", "gpu-17"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("a*b", "acd"));
+        assert!(glob_match("a*b*c", "aXbYbZc"));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_fraction_and_is_repeatable() {
+        let policy = BlockPolicy { jitter: 0.1, ..BlockPolicy::default() };
+        let base = Duration::from_secs(300);
+        let key = BlockKey { endpoint: "e".into(), model: None };
+        let mut distinct = std::collections::BTreeSet::new();
+        for t in 0..200 {
+            let d = jittered(base, &policy, &key, 1, Timestamp(t * 7919));
+            assert!(d >= Duration::from_secs(270) && d <= Duration::from_secs(330), "{d:?}");
+            assert_eq!(d, jittered(base, &policy, &key, 1, Timestamp(t * 7919)));
+            distinct.insert(d);
+        }
+        assert!(distinct.len() > 100, "jitter spreads: {}", distinct.len());
+    }
+}

@@ -1,0 +1,609 @@
+//! The configuration model and its validation.
+//!
+//! Policy lives here: models and their pools, the ladder's timings, blocking, alert
+//! mappings. Ports, paths and log format are flags of the binary, not config. Parsing
+//! is strict (`deny_unknown_fields`), and [`Config::validate`] reports every problem
+//! with its path, not just the first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use stanch_api::HumanDuration;
+
+use crate::mapping::{Action, Matcher};
+
+/// The default configuration `stanch serve` runs with when given no `--config`.
+pub const DEFAULT_CONFIG_YAML: &str = include_str!("default-config.yaml");
+
+/// The whole controller configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Models by name, as clients request them.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// FAQ sets the gateways know; a model's `faq` must name one.
+    #[serde(default = "default_faq_sets")]
+    pub faq_sets: Vec<String>,
+    /// Timings of the degradation ladder.
+    #[serde(default)]
+    pub ladder: LadderPolicy,
+    /// Endpoint soft-blocking.
+    #[serde(default)]
+    pub blocking: BlockPolicy,
+    /// How alerts are kept.
+    #[serde(default)]
+    pub alerts: AlertPolicy,
+    /// Extra rules mapping existing alerts to actions, tried in order after the
+    /// `action` label convention.
+    #[serde(default)]
+    pub mappings: Vec<MappingConfig>,
+    /// Reconciliation against Alertmanager's API.
+    #[serde(default)]
+    pub alertmanager: Option<AlertmanagerConfig>,
+    /// Where the role tokens come from, when not from the environment.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Intake limits.
+    #[serde(default)]
+    pub intake: IntakeConfig,
+    /// Watch protocol limits.
+    #[serde(default)]
+    pub watch: WatchConfig,
+    /// Audit history limits.
+    #[serde(default)]
+    pub history: HistoryConfig,
+    /// Start in dry-run: decide and report, publish nothing new.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn default_faq_sets() -> Vec<String> {
+    vec!["default".to_owned()]
+}
+
+/// One model's serving layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Pools in failover order; the first is the primary.
+    pub pools: Vec<PoolConfig>,
+    /// The model non-VIP traffic moves to when this one is degraded.
+    #[serde(default)]
+    pub fallback: Option<String>,
+    /// The FAQ set answered from on the static rung.
+    #[serde(default)]
+    pub faq: Option<String>,
+    /// Tenant classes that keep this model while it is degraded.
+    #[serde(default = "default_alias_exempt")]
+    pub alias_exempt: Vec<String>,
+}
+
+fn default_alias_exempt() -> Vec<String> {
+    vec!["vip".to_owned()]
+}
+
+/// A pool: a name, or a name with the endpoints in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PoolConfig {
+    /// Just the name (`dc-a`).
+    Name(String),
+    /// The name and its endpoints, which enables the single-endpoint block guard.
+    Full {
+        /// The pool's name.
+        name: String,
+        /// Endpoints as gateways name them (URL or host:port).
+        #[serde(default)]
+        endpoints: Vec<String>,
+    },
+}
+
+impl PoolConfig {
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        match self {
+            PoolConfig::Name(n) | PoolConfig::Full { name: n, .. } => n,
+        }
+    }
+
+    /// The endpoints listed for the pool (none for the short form).
+    pub fn endpoints(&self) -> &[String] {
+        match self {
+            PoolConfig::Name(_) => &[],
+            PoolConfig::Full { endpoints, .. } => endpoints,
+        }
+    }
+}
+
+/// Timings of the degradation ladder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LadderPolicy {
+    /// How long a higher rung's conditions must stay clear before stepping down.
+    pub recover_after: HumanDuration,
+    /// The least time a rung is held before stepping down from it.
+    pub min_dwell: HumanDuration,
+    /// How long gateways honour a route entry without hearing from the controller.
+    pub lease: HumanDuration,
+    /// The flap guard.
+    pub flap: FlapPolicy,
+    /// Backoff of `recover_after` for repeated degradation.
+    pub backoff: BackoffPolicy,
+}
+
+impl Default for LadderPolicy {
+    fn default() -> Self {
+        Self {
+            recover_after: HumanDuration::secs(60),
+            min_dwell: HumanDuration::secs(30),
+            lease: HumanDuration::secs(120),
+            flap: FlapPolicy::default(),
+            backoff: BackoffPolicy {
+                factor: 2,
+                max: HumanDuration::secs(16 * 60),
+                reset_after: HumanDuration::secs(30 * 60),
+            },
+        }
+    }
+}
+
+/// More than `max_transitions` within `window` pins a model for `hold`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlapPolicy {
+    /// Rung changes allowed within `window`.
+    pub max_transitions: usize,
+    /// The counting window.
+    pub window: HumanDuration,
+    /// How long the model is held at the highest rung seen.
+    pub hold: HumanDuration,
+}
+
+impl Default for FlapPolicy {
+    fn default() -> Self {
+        Self {
+            max_transitions: 4,
+            window: HumanDuration::secs(10 * 60),
+            hold: HumanDuration::secs(15 * 60),
+        }
+    }
+}
+
+/// Exponential backoff: each repeat within `reset_after` multiplies by `factor`, up to `max`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackoffPolicy {
+    /// The multiplier per repeat.
+    pub factor: u32,
+    /// The cap.
+    pub max: HumanDuration,
+    /// A repeat later than this starts over.
+    pub reset_after: HumanDuration,
+}
+
+impl BackoffPolicy {
+    /// `base × factor^level`, capped at `max` (and never below `base`).
+    pub fn scaled(&self, base: Duration, level: u32) -> Duration {
+        let factor = u64::from(self.factor.max(1)).saturating_pow(level.min(32));
+        let ms = u64::try_from(base.as_millis()).unwrap_or(u64::MAX).saturating_mul(factor);
+        Duration::from_millis(ms).min(self.max.0.max(base))
+    }
+}
+
+/// Endpoint soft-blocking.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BlockPolicy {
+    /// The first block's length.
+    pub ttl: HumanDuration,
+    /// Random spread of each block's length, as a fraction (0.1 = ±10 %).
+    pub jitter: f64,
+    /// Backoff for repeat offenders.
+    pub backoff: BackoffPolicy,
+    /// Endpoint globs (`*`, `?`) that are never blocked.
+    pub never_block: Vec<String>,
+    /// Seed of the deterministic jitter.
+    pub seed: u64,
+}
+
+impl Default for BlockPolicy {
+    fn default() -> Self {
+        Self {
+            ttl: HumanDuration::secs(5 * 60),
+            jitter: 0.1,
+            backoff: BackoffPolicy {
+                factor: 2,
+                max: HumanDuration::secs(60 * 60),
+                reset_after: HumanDuration::secs(60 * 60),
+            },
+            never_block: Vec::new(),
+            seed: 0,
+        }
+    }
+}
+
+/// How alerts are kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertPolicy {
+    /// How long a pushed alert without `endsAt` stays active (Alertmanager's `resolve_timeout`).
+    pub resolve_timeout: HumanDuration,
+    /// How long a resolved alert is remembered, so that a late duplicate of its firing
+    /// notification is recognised and ignored.
+    pub remember_resolved: HumanDuration,
+}
+
+impl Default for AlertPolicy {
+    fn default() -> Self {
+        Self {
+            resolve_timeout: HumanDuration::secs(5 * 60),
+            remember_resolved: HumanDuration::secs(60 * 60),
+        }
+    }
+}
+
+/// A rule that maps alerts the user already has to an action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MappingConfig {
+    /// A name for status and history.
+    pub name: String,
+    /// Alertmanager-style matchers, all of which must hold:
+    /// `alertname="KVCacheFull"`, `model_name=~"qwen-.*"`, `env!="dev"`.
+    pub matchers: Vec<String>,
+    /// The action: `trigger-failover`, `trigger-model-degradation`,
+    /// `trigger-static-fallback` or `block-endpoint`.
+    pub action: String,
+    /// The model acted on, literally...
+    #[serde(default)]
+    pub target_model: Option<String>,
+    /// ...or read from this label of the alert.
+    #[serde(default)]
+    pub target_model_label: Option<String>,
+    /// The fallback model for degradation, if not the model's configured one.
+    #[serde(default)]
+    pub fallback_model: Option<String>,
+    /// The failing pool, literally...
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// ...or read from this label.
+    #[serde(default)]
+    pub pool_label: Option<String>,
+    /// For `block-endpoint`: the label naming the endpoint.
+    #[serde(default)]
+    pub endpoint_label: Option<String>,
+}
+
+/// Reconciliation against Alertmanager's API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerConfig {
+    /// Alertmanager's base URL, e.g. `http://alertmanager:9093`.
+    pub url: String,
+    /// The receiver that routes to stanch; only its alerts are reconciled.
+    pub receiver: String,
+    /// How often to reconcile when no notification asks for it.
+    #[serde(default = "default_reconcile_interval")]
+    pub interval: HumanDuration,
+    /// A file holding a bearer token for Alertmanager, if it needs one.
+    #[serde(default)]
+    pub token_file: Option<String>,
+}
+
+fn default_reconcile_interval() -> HumanDuration {
+    HumanDuration::secs(60)
+}
+
+/// Files holding role tokens; the environment (`STANCH_*_TOKEN`) wins over them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Token for alert intake and gateway reports.
+    #[serde(default)]
+    pub ingest_token_file: Option<String>,
+    /// Token for overrides.
+    #[serde(default)]
+    pub admin_token_file: Option<String>,
+    /// Token for routes, status and history.
+    #[serde(default)]
+    pub read_token_file: Option<String>,
+}
+
+/// Intake limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IntakeConfig {
+    /// Request bodies above this are refused with 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for IntakeConfig {
+    fn default() -> Self {
+        Self { max_body_bytes: 1024 * 1024 }
+    }
+}
+
+/// Watch protocol limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchConfig {
+    /// The longest long-poll wait a client may ask for.
+    pub max_wait: HumanDuration,
+    /// SSE comment interval, so proxies keep the stream open.
+    pub heartbeat: HumanDuration,
+    /// An SSE client that has not taken an event for this long is disconnected.
+    pub slow_client_timeout: HumanDuration,
+    /// The most watchers at once; more are refused with 503.
+    pub max_watchers: usize,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            max_wait: HumanDuration::secs(60),
+            heartbeat: HumanDuration::secs(15),
+            slow_client_timeout: HumanDuration::secs(10),
+            max_watchers: 10_000,
+        }
+    }
+}
+
+/// Audit history limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HistoryConfig {
+    /// Entries kept in memory for `GET /v1/history`.
+    pub max_entries: usize,
+    /// The JSON-lines file under the data dir is rotated above this size.
+    pub max_file_bytes: u64,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self { max_entries: 10_000, max_file_bytes: 64 * 1024 * 1024 }
+    }
+}
+
+/// One problem found in a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Where, as a dotted path (`models.qwen-72b.fallback`).
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The text is not valid YAML of the expected shape.
+    #[error("cannot parse configuration: {0}")]
+    Parse(String),
+    /// The shape is right but the content is not.
+    #[error("invalid configuration ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Problem>),
+}
+
+impl Config {
+    /// Parses and validates YAML text.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let problems = config.validate();
+        if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    /// The embedded default configuration.
+    pub fn default_config() -> Config {
+        Config::from_yaml(DEFAULT_CONFIG_YAML).expect("the embedded default configuration is valid")
+    }
+
+    /// Every problem, with its path. Empty means valid.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let mut problem = |path: String, message: String| out.push(Problem { path, message });
+        if self.models.is_empty() {
+            problem("models".into(), "at least one model is needed".into());
+        }
+        let faq_sets: BTreeSet<&str> = self.faq_sets.iter().map(String::as_str).collect();
+        for (name, model) in &self.models {
+            let at = format!("models.{name}");
+            if name.trim().is_empty() {
+                problem(at.clone(), "model name is empty".into());
+            }
+            if model.pools.is_empty() {
+                problem(format!("{at}.pools"), "a model needs at least one pool".into());
+            }
+            let mut seen = BTreeSet::new();
+            for (i, pool) in model.pools.iter().enumerate() {
+                if pool.name().trim().is_empty() {
+                    problem(format!("{at}.pools[{i}]"), "pool name is empty".into());
+                } else if !seen.insert(pool.name()) {
+                    problem(format!("{at}.pools[{i}]"), format!("pool {:?} is listed twice", pool.name()));
+                }
+            }
+            if let Some(fallback) = &model.fallback {
+                if fallback == name {
+                    problem(format!("{at}.fallback"), "a model cannot fall back to itself".into());
+                } else if !self.models.contains_key(fallback) {
+                    problem(format!("{at}.fallback"), format!("model {fallback:?} is not configured"));
+                }
+            }
+            if let Some(faq) = &model.faq {
+                if !faq_sets.contains(faq.as_str()) {
+                    problem(format!("{at}.faq"), format!("FAQ set {faq:?} is not in faq_sets"));
+                }
+            }
+        }
+        let ladder = &self.ladder;
+        for (path, d) in [
+            ("ladder.recover_after", ladder.recover_after),
+            ("ladder.lease", ladder.lease),
+            ("ladder.flap.window", ladder.flap.window),
+            ("ladder.flap.hold", ladder.flap.hold),
+            ("blocking.ttl", self.blocking.ttl),
+            ("alerts.resolve_timeout", self.alerts.resolve_timeout),
+            ("watch.max_wait", self.watch.max_wait),
+            ("watch.heartbeat", self.watch.heartbeat),
+            ("watch.slow_client_timeout", self.watch.slow_client_timeout),
+        ] {
+            if d.0.is_zero() {
+                problem(path.into(), "must be longer than 0s".into());
+            }
+        }
+        if ladder.lease.0 < Duration::from_secs(10) {
+            problem("ladder.lease".into(), "must be at least 10s, or gateways fail open between renewals".into());
+        }
+        if ladder.flap.max_transitions < 2 {
+            problem("ladder.flap.max_transitions".into(), "must be at least 2 (one down and one up is not a flap)".into());
+        }
+        for (path, b) in [("ladder.backoff", &ladder.backoff), ("blocking.backoff", &self.blocking.backoff)] {
+            if b.factor == 0 {
+                problem(format!("{path}.factor"), "must be at least 1".into());
+            }
+        }
+        if !(0.0..=0.5).contains(&self.blocking.jitter) {
+            problem("blocking.jitter".into(), "must be between 0 and 0.5 (a fraction: 0.1 is ±10 %)".into());
+        }
+        for (i, glob) in self.blocking.never_block.iter().enumerate() {
+            if glob.is_empty() {
+                problem(format!("blocking.never_block[{i}]"), "empty pattern".into());
+            }
+        }
+        for (i, m) in self.mappings.iter().enumerate() {
+            let at = format!("mappings[{i}]");
+            if m.matchers.is_empty() {
+                problem(format!("{at}.matchers"), "at least one matcher is needed".into());
+            }
+            for (j, raw) in m.matchers.iter().enumerate() {
+                if let Err(e) = Matcher::parse(raw) {
+                    problem(format!("{at}.matchers[{j}]"), e.to_string());
+                }
+            }
+            let action = match m.action.parse::<Action>() {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    problem(format!("{at}.action"), e.to_string());
+                    None
+                }
+            };
+            match (&m.target_model, &m.target_model_label) {
+                (Some(_), Some(_)) => problem(at.clone(), "give target_model or target_model_label, not both".into()),
+                (Some(t), None) if !self.models.contains_key(t) => {
+                    problem(format!("{at}.target_model"), format!("model {t:?} is not configured"));
+                }
+                (None, None) if action.is_some_and(|a| a != Action::BlockEndpoint) => {
+                    problem(at.clone(), "needs target_model or target_model_label".into());
+                }
+                _ => {}
+            }
+            if let Some(f) = &m.fallback_model {
+                if !self.models.contains_key(f) {
+                    problem(format!("{at}.fallback_model"), format!("model {f:?} is not configured"));
+                }
+            }
+            if m.pool.is_some() && m.pool_label.is_some() {
+                problem(at.clone(), "give pool or pool_label, not both".into());
+            }
+            if action == Some(Action::BlockEndpoint) && m.endpoint_label.is_none() {
+                problem(format!("{at}.endpoint_label"), "block-endpoint needs the label naming the endpoint".into());
+            }
+        }
+        if let Some(am) = &self.alertmanager {
+            if !(am.url.starts_with("http://") || am.url.starts_with("https://")) {
+                problem("alertmanager.url".into(), format!("{:?} is not an http(s) URL", am.url));
+            }
+            if am.receiver.trim().is_empty() {
+                problem("alertmanager.receiver".into(), "name the receiver that routes to stanch".into());
+            }
+        }
+        if self.intake.max_body_bytes < 1024 {
+            problem("intake.max_body_bytes".into(), "must be at least 1024".into());
+        }
+        if self.watch.max_watchers == 0 {
+            problem("watch.max_watchers".into(), "must be at least 1".into());
+        }
+        if self.history.max_entries == 0 {
+            problem("history.max_entries".into(), "must be at least 1".into());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid_and_as_documented() {
+        let c = Config::default_config();
+        let big = &c.models["qwen-72b"];
+        let pools: Vec<_> = big.pools.iter().map(PoolConfig::name).collect();
+        assert_eq!(pools, ["dc-a", "dc-b"]);
+        assert_eq!(big.fallback.as_deref(), Some("qwen-14b"));
+        assert_eq!(c.models["qwen-14b"].pools.len(), 2);
+        assert_eq!(c.faq_sets, ["default"]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let yaml = r#"
+models:
+  a:
+    pools: [p1, p1]
+    fallback: ghost
+    faq: nope
+  b:
+    pools: []
+    fallback: b
+ladder:
+  recover_after: 0s
+blocking:
+  jitter: 2.0
+mappings:
+  - name: m
+    matchers: ['alertname=~"("']
+    action: explode
+"#;
+        let err = Config::from_yaml(yaml).unwrap_err();
+        let ConfigError::Invalid(problems) = &err else { panic!("{err}") };
+        let paths: Vec<_> = problems.iter().map(|p| p.path.as_str()).collect();
+        for expected in [
+            "models.a.pools[1]",
+            "models.a.fallback",
+            "models.a.faq",
+            "models.b.pools",
+            "models.b.fallback",
+            "ladder.recover_after",
+            "blocking.jitter",
+            "mappings[0].matchers[0]",
+            "mappings[0].action",
+        ] {
+            assert!(paths.contains(&expected), "missing {expected} in {paths:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_durations_are_parse_errors() {
+        let err = Config::from_yaml("models: {}\nladdr: {}\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `laddr`"), "{err}");
+        let err = Config::from_yaml("models: {a: {pools: [p]}}\nladder: {recover_after: 60}\n").unwrap_err();
+        assert!(err.to_string().contains("not a duration"), "{err}");
+    }
+
+    #[test]
+    fn backoff_scales_and_caps() {
+        let b = BackoffPolicy { factor: 2, max: HumanDuration::secs(240), reset_after: HumanDuration::secs(600) };
+        let base = Duration::from_secs(60);
+        let got: Vec<_> = (0..4).map(|l| b.scaled(base, l).as_secs()).collect();
+        assert_eq!(got, [60, 120, 240, 240]);
+    }
+}

@@ -1,0 +1,309 @@
+//! What the engine reports: every change it made and the rule behind it.
+//!
+//! Decisions are the audit trail. Each names its model (when it has one), says what
+//! happened in one line ([`fmt::Display`]) and serializes with the thresholds that
+//! made it, so that an engineer reading the history can tell why.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use stanch_api::{Fingerprint, HumanDuration, Rung, Timestamp};
+
+use crate::mapping::Condition;
+
+/// How an alert stopped being active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolvedBy {
+    /// A resolved notification.
+    Notification,
+    /// A pushed alert reached its `endsAt` without a refresh.
+    Expired,
+    /// Alertmanager no longer lists it.
+    Reconciliation,
+}
+
+/// The rule behind a rung change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+pub enum Rule {
+    /// Conditions need a higher rung: move at once.
+    Escalate {
+        /// The rung the conditions require.
+        required: Rung,
+        /// Rungs passed over because their target was unhealthy.
+        unviable: Vec<Rung>,
+        /// The conditions, for humans.
+        conditions: Vec<String>,
+    },
+    /// The higher rung's conditions stayed clear long enough: one step down.
+    Deescalate {
+        /// How long they have been clear.
+        clear_for: HumanDuration,
+        /// The stabilization window in force (after backoff).
+        recover_after: HumanDuration,
+        /// How long the previous rung was held.
+        held_for: HumanDuration,
+        /// The least time a rung is held.
+        min_dwell: HumanDuration,
+        /// Rungs passed over because their target was unhealthy.
+        unviable: Vec<Rung>,
+    },
+    /// An operator forced the rung.
+    Forced {
+        /// The operator's reason.
+        reason: String,
+    },
+    /// The flap guard raised the model to the highest rung of its window.
+    FlapHold,
+}
+
+/// One thing the engine did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    /// An alert became active (or was refreshed into a different meaning).
+    AlertActive {
+        /// Its fingerprint.
+        fingerprint: Fingerprint,
+        /// Its `alertname`.
+        alertname: Option<String>,
+        /// What it maps to.
+        condition: Option<Condition>,
+        /// Why it maps to nothing.
+        unmapped: Option<String>,
+    },
+    /// An alert stopped being active.
+    AlertResolved {
+        /// Its fingerprint.
+        fingerprint: Fingerprint,
+        /// Its `alertname`.
+        alertname: Option<String>,
+        /// How.
+        by: ResolvedBy,
+    },
+    /// A notification was recognised as stale and changed nothing.
+    AlertIgnored {
+        /// Its fingerprint.
+        fingerprint: Fingerprint,
+        /// Why.
+        why: String,
+    },
+    /// A model changed rung.
+    Transition {
+        /// The model.
+        model: String,
+        /// From.
+        from: Rung,
+        /// To.
+        to: Rung,
+        /// The pool after.
+        pool: String,
+        /// The alias after.
+        alias: Option<String>,
+        /// Why.
+        #[serde(flatten)]
+        rule: Rule,
+    },
+    /// A model moved pool on the same rung.
+    PoolChanged {
+        /// The model.
+        model: String,
+        /// From.
+        from: String,
+        /// To.
+        to: String,
+        /// Why.
+        why: String,
+    },
+    /// The flap guard pinned a model.
+    FlapPinned {
+        /// The model.
+        model: String,
+        /// The floor rung.
+        rung: Rung,
+        /// Until.
+        until: Timestamp,
+        /// Rung changes in the window.
+        transitions: usize,
+        /// The window.
+        window: HumanDuration,
+    },
+    /// The flap guard's hold ended.
+    PinEnded {
+        /// The model.
+        model: String,
+    },
+    /// An endpoint was soft-blocked.
+    Blocked {
+        /// The endpoint.
+        endpoint: String,
+        /// Its model, or all.
+        model: Option<String>,
+        /// Until.
+        until: Timestamp,
+        /// The block's length, after backoff and jitter.
+        ttl: HumanDuration,
+        /// Backoff level.
+        strikes: u32,
+        /// Why.
+        reason: String,
+    },
+    /// A block was asked for and not made.
+    BlockSkipped {
+        /// The endpoint.
+        endpoint: String,
+        /// Its model, or all.
+        model: Option<String>,
+        /// Why not.
+        why: String,
+    },
+    /// A block ended.
+    Unblocked {
+        /// The endpoint.
+        endpoint: String,
+        /// Its model, or all.
+        model: Option<String>,
+        /// Why.
+        why: String,
+    },
+    /// An operator's override took effect.
+    Override {
+        /// `force`, `release`, `freeze`, `thaw`, `block`, `unblock`, `unblock-all`, `dry-run`.
+        action: String,
+        /// The model, if one.
+        model: Option<String>,
+        /// What it did.
+        detail: String,
+        /// The operator's reason.
+        reason: String,
+    },
+    /// An override reached its TTL.
+    OverrideEnded {
+        /// `force`, `freeze` or `dry-run`.
+        action: String,
+        /// The model, if one.
+        model: Option<String>,
+    },
+    /// A new route version was published.
+    Published {
+        /// The version.
+        version: u64,
+        /// True when only leases were renewed.
+        lease_renewal: bool,
+    },
+}
+
+impl Decision {
+    /// The model the decision is about, if one.
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            Decision::Transition { model, .. }
+            | Decision::PoolChanged { model, .. }
+            | Decision::FlapPinned { model, .. }
+            | Decision::PinEnded { model } => Some(model),
+            Decision::Blocked { model, .. }
+            | Decision::BlockSkipped { model, .. }
+            | Decision::Unblocked { model, .. }
+            | Decision::Override { model, .. }
+            | Decision::OverrideEnded { model, .. } => model.as_deref(),
+            Decision::AlertActive { condition, .. } => condition.as_ref().and_then(Condition::model),
+            Decision::AlertResolved { .. } | Decision::AlertIgnored { .. } | Decision::Published { .. } => {
+                None
+            }
+        }
+    }
+
+    /// A short stable name of the decision's kind, for history and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Decision::AlertActive { .. } => "alert_active",
+            Decision::AlertResolved { .. } => "alert_resolved",
+            Decision::AlertIgnored { .. } => "alert_ignored",
+            Decision::Transition { .. } => "transition",
+            Decision::PoolChanged { .. } => "pool_changed",
+            Decision::FlapPinned { .. } => "flap_pinned",
+            Decision::PinEnded { .. } => "pin_ended",
+            Decision::Blocked { .. } => "blocked",
+            Decision::BlockSkipped { .. } => "block_skipped",
+            Decision::Unblocked { .. } => "unblocked",
+            Decision::Override { .. } => "override",
+            Decision::OverrideEnded { .. } => "override_ended",
+            Decision::Published { .. } => "published",
+        }
+    }
+}
+
+fn or_all(model: &Option<String>) -> &str {
+    model.as_deref().unwrap_or("all models")
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::AlertActive { fingerprint, alertname, condition, unmapped } => {
+                let name = alertname.as_deref().unwrap_or("alert");
+                match (condition, unmapped) {
+                    (Some(c), _) => write!(f, "{name} {fingerprint} active: {c}"),
+                    (None, Some(why)) => write!(f, "{name} {fingerprint} active, unmapped: {why}"),
+                    (None, None) => write!(f, "{name} {fingerprint} active"),
+                }
+            }
+            Decision::AlertResolved { fingerprint, alertname, by } => {
+                let name = alertname.as_deref().unwrap_or("alert");
+                let by = match by {
+                    ResolvedBy::Notification => "resolved",
+                    ResolvedBy::Expired => "expired (no refresh before endsAt)",
+                    ResolvedBy::Reconciliation => "resolved (Alertmanager no longer lists it)",
+                };
+                write!(f, "{name} {fingerprint} {by}")
+            }
+            Decision::AlertIgnored { fingerprint, why } => write!(f, "alert {fingerprint} ignored: {why}"),
+            Decision::Transition { model, from, to, pool, alias, rule } => {
+                write!(f, "{model}: {from} -> {to} (pool {pool}")?;
+                if let Some(a) = alias {
+                    write!(f, ", alias {a}")?;
+                }
+                f.write_str(") ")?;
+                match rule {
+                    Rule::Escalate { conditions, .. } => write!(f, "escalated: {}", conditions.join("; ")),
+                    Rule::Deescalate { clear_for, recover_after, .. } => {
+                        write!(f, "recovered: clear for {clear_for} (window {recover_after})")
+                    }
+                    Rule::Forced { reason } => write!(f, "forced by operator: {reason}"),
+                    Rule::FlapHold => f.write_str("held by the flap guard"),
+                }
+            }
+            Decision::PoolChanged { model, from, to, why } => {
+                write!(f, "{model}: pool {from} -> {to}: {why}")
+            }
+            Decision::FlapPinned { model, rung, until, transitions, window } => write!(
+                f,
+                "{model}: flapping ({transitions} transitions in {window}); pinned at {rung} until {until}"
+            ),
+            Decision::PinEnded { model } => write!(f, "{model}: flap hold ended"),
+            Decision::Blocked { endpoint, model, ttl, strikes, reason, .. } => write!(
+                f,
+                "blocked {endpoint} for {} for {ttl} (strike {strikes}): {reason}",
+                or_all(model)
+            ),
+            Decision::BlockSkipped { endpoint, model, why } => {
+                write!(f, "not blocking {endpoint} for {}: {why}", or_all(model))
+            }
+            Decision::Unblocked { endpoint, model, why } => {
+                write!(f, "unblocked {endpoint} for {}: {why}", or_all(model))
+            }
+            Decision::Override { action, detail, reason, .. } => {
+                write!(f, "{action}: {detail} (reason: {reason})")
+            }
+            Decision::OverrideEnded { action, model } => match model {
+                Some(m) => write!(f, "{action} of {m} ended (ttl)"),
+                None => write!(f, "{action} ended (ttl)"),
+            },
+            Decision::Published { version, lease_renewal: false } => write!(f, "published version {version}"),
+            Decision::Published { version, lease_renewal: true } => {
+                write!(f, "published version {version} (lease renewal)")
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! The pure stanch decision engine.
+//!
+//! Owns: the configuration model and its validation, the mapping of alerts to
+//! conditions, the per-model degradation ladder, endpoint soft-blocks, operator
+//! overrides, and building the route table. Does not own: any IO, any clock, any
+//! networking or persistence. Time comes in as an argument; the engine is total
+//! (it returns decisions, not errors) and deterministic, so its inputs can be
+//! journaled and replayed.
+
+pub mod blocks;
+pub mod config;
+pub mod decision;
+pub mod engine;
+mod ladder;
+pub mod mapping;
+pub mod state;
+
+pub use config::{Config, ConfigError, Problem};
+pub use decision::{Decision, ResolvedBy, Rule};
+pub use engine::{Command, Engine, Input, Step};
+pub use mapping::{Action, Condition};
+pub use state::EngineState;

@@ -1,0 +1,435 @@
+//! Alerts to conditions.
+//!
+//! An alert maps by the seed convention (the `action` label with `target_model`,
+//! `fallback_model`, `pool`, `endpoint`) or, failing that, by the configured matcher
+//! rules in order. An alert that maps to nothing is kept and counted as unmapped, with
+//! the reason: it is not an error.
+
+use std::fmt;
+use std::str::FromStr;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use stanch_api::Labels;
+
+use crate::config::{Config, MappingConfig};
+
+/// What an alert asks stanch to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// A pool of a model is failing: route elsewhere.
+    TriggerFailover,
+    /// A model is saturated: send non-VIP traffic to its fallback model.
+    TriggerModelDegradation,
+    /// A model is failing everywhere: answer from the FAQ.
+    TriggerStaticFallback,
+    /// An endpoint is failing: soft-block it.
+    BlockEndpoint,
+}
+
+impl Action {
+    /// The label value naming the action.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Action::TriggerFailover => "trigger-failover",
+            Action::TriggerModelDegradation => "trigger-model-degradation",
+            Action::TriggerStaticFallback => "trigger-static-fallback",
+            Action::BlockEndpoint => "block-endpoint",
+        }
+    }
+}
+
+/// The error for an unknown action name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown action {0:?}: expected trigger-failover, trigger-model-degradation, trigger-static-fallback or block-endpoint")]
+pub struct UnknownAction(String);
+
+impl FromStr for Action {
+    type Err = UnknownAction;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            Action::TriggerFailover,
+            Action::TriggerModelDegradation,
+            Action::TriggerStaticFallback,
+            Action::BlockEndpoint,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+        .ok_or_else(|| UnknownAction(s.to_owned()))
+    }
+}
+
+/// What an active alert means for routing.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Condition {
+    /// `pool` of `model` is unhealthy.
+    PoolDown {
+        /// The model.
+        model: String,
+        /// The unhealthy pool.
+        pool: String,
+    },
+    /// `model` is saturated; its non-VIP traffic should move to `fallback`.
+    Saturated {
+        /// The model.
+        model: String,
+        /// The model to move to, if the alert names one.
+        fallback: Option<String>,
+    },
+    /// `model` should answer from its FAQ.
+    Static {
+        /// The model.
+        model: String,
+    },
+    /// `endpoint` should be soft-blocked, for `model` or for every model.
+    BlockEndpoint {
+        /// The endpoint as gateways name it.
+        endpoint: String,
+        /// The model, or `None` for every model.
+        model: Option<String>,
+    },
+}
+
+impl Condition {
+    /// The model the condition acts on, if it is about one.
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            Condition::PoolDown { model, .. }
+            | Condition::Saturated { model, .. }
+            | Condition::Static { model } => Some(model),
+            Condition::BlockEndpoint { model, .. } => model.as_deref(),
+        }
+    }
+}
+
+impl fmt::Display for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Condition::PoolDown { model, pool } => write!(f, "{model} pool {pool} failing"),
+            Condition::Saturated { model, fallback: Some(fb) } => {
+                write!(f, "{model} saturated (fallback {fb})")
+            }
+            Condition::Saturated { model, fallback: None } => write!(f, "{model} saturated"),
+            Condition::Static { model } => write!(f, "{model} failing everywhere"),
+            Condition::BlockEndpoint { endpoint, model: Some(m) } => {
+                write!(f, "endpoint {endpoint} failing for {m}")
+            }
+            Condition::BlockEndpoint { endpoint, model: None } => {
+                write!(f, "endpoint {endpoint} failing")
+            }
+        }
+    }
+}
+
+/// A label matcher in Alertmanager's syntax: `name="v"`, `name!="v"`, `name=~"re"`, `name!~"re"`.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    name: String,
+    op: MatchOp,
+}
+
+#[derive(Debug, Clone)]
+enum MatchOp {
+    Equal(String),
+    NotEqual(String),
+    Regex(Regex),
+    NotRegex(Regex),
+}
+
+/// The error for a matcher that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadMatcher {
+    /// Not of the form `name op "value"`.
+    #[error("matcher {0:?} is not of the form name=\"value\" (operators: = != =~ !~)")]
+    Syntax(String),
+    /// The regular expression does not compile.
+    #[error("matcher {matcher:?}: bad regular expression: {error}")]
+    Regex {
+        /// The matcher.
+        matcher: String,
+        /// The regex error.
+        error: String,
+    },
+}
+
+impl Matcher {
+    /// Parses one matcher.
+    pub fn parse(raw: &str) -> Result<Matcher, BadMatcher> {
+        let syntax = || BadMatcher::Syntax(raw.to_owned());
+        let s = raw.trim();
+        let op_at = s.find(['=', '!']).ok_or_else(syntax)?;
+        let name = s[..op_at].trim();
+        let rest = &s[op_at..];
+        let (op, value) = ["=~", "!~", "!=", "="]
+            .into_iter()
+            .find_map(|op| rest.strip_prefix(op).map(|v| (op, v.trim())))
+            .ok_or_else(syntax)?;
+        let valid_name = !name.is_empty()
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !name.starts_with(|c: char| c.is_ascii_digit());
+        if !valid_name {
+            return Err(syntax());
+        }
+        let value = value
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .map(|v| v.replace("\\\"", "\"").replace("\\\\", "\\"))
+            .unwrap_or_else(|| value.to_owned());
+        let regex = |v: &str| {
+            // Anchored, as Prometheus and Alertmanager anchor label regexes.
+            Regex::new(&format!("^(?:{v})$"))
+                .map_err(|e| BadMatcher::Regex { matcher: raw.to_owned(), error: e.to_string() })
+        };
+        let op = match op {
+            "=" => MatchOp::Equal(value),
+            "!=" => MatchOp::NotEqual(value),
+            "=~" => MatchOp::Regex(regex(&value)?),
+            _ => MatchOp::NotRegex(regex(&value)?),
+        };
+        Ok(Matcher { name: name.to_owned(), op })
+    }
+
+    /// True when `labels` satisfy the matcher (a missing label reads as "").
+    pub fn matches(&self, labels: &Labels) -> bool {
+        let v = labels.get(&self.name).map(String::as_str).unwrap_or("");
+        match &self.op {
+            MatchOp::Equal(x) => v == x,
+            MatchOp::NotEqual(x) => v != x,
+            MatchOp::Regex(r) => r.is_match(v),
+            MatchOp::NotRegex(r) => !r.is_match(v),
+        }
+    }
+}
+
+/// A validated mapping rule.
+#[derive(Debug, Clone)]
+struct Rule {
+    config: MappingConfig,
+    action: Action,
+    matchers: Vec<Matcher>,
+}
+
+/// Why an alert maps to no condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unmapped(pub String);
+
+/// Maps alerts to conditions, from a validated [`Config`].
+#[derive(Debug, Clone)]
+pub struct Mapper {
+    rules: Vec<Rule>,
+    /// Configured models with their pool names.
+    models: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Mapper {
+    /// Builds the mapper; `config` must have passed validation.
+    pub fn new(config: &Config) -> Mapper {
+        let rules = config
+            .mappings
+            .iter()
+            .filter_map(|m| {
+                Some(Rule {
+                    action: m.action.parse().ok()?,
+                    matchers: m.matchers.iter().map(|r| Matcher::parse(r)).collect::<Result<_, _>>().ok()?,
+                    config: m.clone(),
+                })
+            })
+            .collect();
+        let models = config
+            .models
+            .iter()
+            .map(|(name, m)| (name.clone(), m.pools.iter().map(|p| p.name().to_owned()).collect()))
+            .collect();
+        Mapper { rules, models }
+    }
+
+    /// The condition an alert's labels ask for.
+    pub fn map(&self, labels: &Labels) -> Result<Condition, Unmapped> {
+        if let Some(action) = labels.get("action") {
+            if let Ok(action) = action.parse::<Action>() {
+                return self.seed(action, labels);
+            }
+        }
+        for rule in &self.rules {
+            if rule.matchers.iter().all(|m| m.matches(labels)) {
+                return self.by_rule(rule, labels);
+            }
+        }
+        Err(Unmapped(match labels.get("action") {
+            Some(a) => format!("unknown action {a:?} and no mapping rule matched"),
+            None => "no action label and no mapping rule matched".to_owned(),
+        }))
+    }
+
+    fn known_model(&self, model: &str) -> Result<String, Unmapped> {
+        if self.models.contains_key(model) {
+            Ok(model.to_owned())
+        } else {
+            Err(Unmapped(format!("model {model:?} is not configured")))
+        }
+    }
+
+    fn seed(&self, action: Action, labels: &Labels) -> Result<Condition, Unmapped> {
+        let label = |name: &str| labels.get(name).filter(|v| !v.is_empty()).cloned();
+        let need = |name: &str| {
+            label(name).ok_or_else(|| Unmapped(format!("{} needs the label {name}", action.as_str())))
+        };
+        self.build(
+            action,
+            || need("target_model"),
+            label("fallback_model"),
+            label("pool"),
+            || need("endpoint"),
+            label("target_model"),
+        )
+    }
+
+    fn by_rule(&self, rule: &Rule, labels: &Labels) -> Result<Condition, Unmapped> {
+        let c = &rule.config;
+        let from = |literal: &Option<String>, label: &Option<String>| -> Option<String> {
+            literal.clone().or_else(|| {
+                label.as_ref().and_then(|l| labels.get(l)).filter(|v| !v.is_empty()).cloned()
+            })
+        };
+        let target = from(&c.target_model, &c.target_model_label);
+        let named = format!("mapping {:?}", c.name);
+        self.build(
+            rule.action,
+            || target.clone().ok_or_else(|| Unmapped(format!("{named}: alert lacks the target model label"))),
+            c.fallback_model.clone(),
+            from(&c.pool, &c.pool_label),
+            || {
+                from(&None, &c.endpoint_label)
+                    .ok_or_else(|| Unmapped(format!("{named}: alert lacks the endpoint label")))
+            },
+            target.clone(),
+        )
+    }
+
+    fn build(
+        &self,
+        action: Action,
+        target: impl Fn() -> Result<String, Unmapped>,
+        fallback: Option<String>,
+        pool: Option<String>,
+        endpoint: impl Fn() -> Result<String, Unmapped>,
+        optional_model: Option<String>,
+    ) -> Result<Condition, Unmapped> {
+        Ok(match action {
+            Action::TriggerFailover => {
+                let model = self.known_model(&target()?)?;
+                // Without a pool label, the alert is about the model's primary pool.
+                let pools = &self.models[&model];
+                let pool = match pool {
+                    None => pools.first().cloned().unwrap_or_default(),
+                    Some(p) if pools.contains(&p) => p,
+                    Some(p) => return Err(Unmapped(format!("pool {p:?} is not a pool of {model}"))),
+                };
+                Condition::PoolDown { model, pool }
+            }
+            Action::TriggerModelDegradation => Condition::Saturated {
+                model: self.known_model(&target()?)?,
+                fallback: fallback.map(|f| self.known_model(&f)).transpose()?,
+            },
+            Action::TriggerStaticFallback => {
+                Condition::Static { model: self.known_model(&target()?)? }
+            }
+            Action::BlockEndpoint => Condition::BlockEndpoint {
+                endpoint: endpoint()?,
+                model: optional_model.map(|m| self.known_model(&m)).transpose()?,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn mapper(extra: &str) -> Mapper {
+        let yaml = format!(
+            "models:\n  qwen-72b: {{pools: [dc-a, dc-b], fallback: qwen-14b}}\n  qwen-14b: {{pools: [dc-a]}}\n{extra}"
+        );
+        Mapper::new(&Config::from_yaml(&yaml).unwrap())
+    }
+
+    #[test]
+    fn seed_convention() {
+        let m = mapper("");
+        assert_eq!(
+            m.map(&labels(&[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-a")])),
+            Ok(Condition::PoolDown { model: "qwen-72b".into(), pool: "dc-a".into() })
+        );
+        assert_eq!(
+            m.map(&labels(&[
+                ("action", "trigger-model-degradation"),
+                ("target_model", "qwen-72b"),
+                ("fallback_model", "qwen-14b")
+            ])),
+            Ok(Condition::Saturated { model: "qwen-72b".into(), fallback: Some("qwen-14b".into()) })
+        );
+        assert_eq!(
+            m.map(&labels(&[("action", "block-endpoint"), ("endpoint", "10.0.0.1:8000")])),
+            Ok(Condition::BlockEndpoint { endpoint: "10.0.0.1:8000".into(), model: None })
+        );
+    }
+
+    #[test]
+    fn unmapped_says_why() {
+        let m = mapper("");
+        let why = |l: &[(&str, &str)]| m.map(&labels(l)).unwrap_err().0;
+        assert!(why(&[("alertname", "X")]).contains("no action label"));
+        assert!(why(&[("action", "reboot")]).contains("unknown action"));
+        assert!(why(&[("action", "trigger-failover")]).contains("needs the label target_model"));
+        assert!(why(&[("action", "trigger-failover"), ("target_model", "gpt-9")]).contains("not configured"));
+        assert!(why(&[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-z")])
+            .contains("not a pool of qwen-72b"));
+        assert_eq!(
+            m.map(&labels(&[("action", "trigger-failover"), ("target_model", "qwen-72b")])),
+            Ok(Condition::PoolDown { model: "qwen-72b".into(), pool: "dc-a".into() }),
+            "no pool label means the primary"
+        );
+    }
+
+    #[test]
+    fn configured_rules_map_existing_alerts() {
+        let m = mapper(
+            r#"mappings:
+  - name: kv-cache
+    matchers: ['alertname="VLLMKVCacheFull"', 'model_name=~"qwen-7.*"']
+    action: trigger-model-degradation
+    target_model_label: model_name
+  - name: bad-endpoint
+    matchers: ['alertname="EndpointErrors"', 'env!="dev"']
+    action: block-endpoint
+    endpoint_label: instance
+"#,
+        );
+        assert_eq!(
+            m.map(&labels(&[("alertname", "VLLMKVCacheFull"), ("model_name", "qwen-72b")])),
+            Ok(Condition::Saturated { model: "qwen-72b".into(), fallback: None })
+        );
+        assert!(m.map(&labels(&[("alertname", "VLLMKVCacheFull"), ("model_name", "qwen-14b")])).is_err());
+        assert_eq!(
+            m.map(&labels(&[("alertname", "EndpointErrors"), ("instance", "h:1")])),
+            Ok(Condition::BlockEndpoint { endpoint: "h:1".into(), model: None })
+        );
+        assert!(m.map(&labels(&[("alertname", "EndpointErrors"), ("instance", "h:1"), ("env", "dev")])).is_err());
+    }
+
+    #[test]
+    fn matcher_syntax() {
+        assert!(Matcher::parse("alertname=\"A\"").unwrap().matches(&labels(&[("alertname", "A")])));
+        assert!(Matcher::parse("x!~\"a|b\"").unwrap().matches(&labels(&[("x", "c")])));
+        assert!(!Matcher::parse("x=~\"a\"").unwrap().matches(&labels(&[("x", "ab")])), "anchored");
+        assert!(Matcher::parse("no operator").is_err());
+        assert!(Matcher::parse("=\"v\"").is_err());
+        assert!(matches!(Matcher::parse("x=~\"(\""), Err(BadMatcher::Regex { .. })));
+    }
+}

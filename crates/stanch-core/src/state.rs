@@ -1,0 +1,224 @@
+//! The engine's state: everything a restart must get back, and nothing derivable.
+//!
+//! It serializes to JSON for the state store's snapshots. Maps keyed by something
+//! other than a string serialize as lists of pairs.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use stanch_api::alerts::IncomingAlert;
+use stanch_api::routes::{BlockedEndpoint, ModelRoute};
+use stanch_api::status::{ForceInfo, OverrideInfo, PinInfo};
+use stanch_api::{Fingerprint, Rung, Timestamp};
+
+use crate::mapping::Condition;
+
+/// The whole engine state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineState {
+    /// Identity of this state history; a new one means versions restarted.
+    pub epoch: String,
+    /// The published route version.
+    pub version: u64,
+    /// When the published version was made.
+    pub generated_at: Timestamp,
+    /// Active alerts.
+    pub alerts: BTreeMap<Fingerprint, AlertRecord>,
+    /// Recently resolved alerts, to recognise late duplicates of their firing.
+    pub tombstones: BTreeMap<Fingerprint, Tombstone>,
+    /// Ladder state per configured model.
+    pub models: BTreeMap<String, ModelState>,
+    /// Active endpoint blocks.
+    #[serde(with = "pairs")]
+    pub blocks: BTreeMap<BlockKey, BlockRecord>,
+    /// Recent block counts per key, for backoff of repeat offenders.
+    #[serde(with = "pairs")]
+    pub strikes: BTreeMap<BlockKey, Strikes>,
+    /// Set while automation moves nothing at all.
+    pub global_freeze: Option<OverrideInfo>,
+    /// Set while decisions are reported but not published.
+    pub dry_run: Option<OverrideInfo>,
+    /// What gateways were last given.
+    pub published: Published,
+}
+
+/// The content of the last published route table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    /// Per model.
+    pub models: BTreeMap<String, ModelRoute>,
+    /// Blocks.
+    pub blocked: Vec<BlockedEndpoint>,
+    /// The lease of every entry.
+    pub lease_until: Timestamp,
+}
+
+/// An active alert and what it means.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertRecord {
+    /// The alert as last received.
+    pub alert: IncomingAlert,
+    /// The condition it maps to, if any.
+    pub condition: Option<Condition>,
+    /// Why it maps to nothing, if so.
+    pub unmapped: Option<String>,
+    /// When it was last received (for reconciliation).
+    pub received_at: Timestamp,
+    /// For `block-endpoint` alerts: the alert has had its block (or was refused one),
+    /// so it does not block again until it resolves and fires anew.
+    pub block_applied: bool,
+}
+
+impl AlertRecord {
+    /// The alert's `alertname` label, if it has one.
+    pub fn alertname(&self) -> Option<&str> {
+        self.alert.labels.get("alertname").map(String::as_str)
+    }
+}
+
+/// A resolved alert, remembered for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    /// The resolved instance's start.
+    pub starts_at: Timestamp,
+    /// When stanch learned it resolved.
+    pub resolved_at: Timestamp,
+}
+
+/// One model's ladder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelState {
+    /// The rung automation (or an override) decided.
+    pub rung: Rung,
+    /// The pool serving the model.
+    pub pool: String,
+    /// The alias while degraded.
+    pub alias: Option<String>,
+    /// When the rung last changed.
+    pub since: Timestamp,
+    /// Why the model is where it is.
+    pub reason: String,
+    /// The alerts acting on this model.
+    pub alerts: Vec<Fingerprint>,
+    /// Per rung (index 1 to 3): since when no condition has needed that rung or higher.
+    pub clear_since: [Option<Timestamp>; 4],
+    /// Rung changes within the flap window: when, from, to.
+    pub transitions: VecDeque<(Timestamp, Rung, Rung)>,
+    /// The flap guard's hold.
+    pub pin: Option<PinInfo>,
+    /// How many times `recover_after` has been doubled (re-degradations).
+    pub backoff_level: u32,
+    /// The last step down, for backoff.
+    pub last_deescalation: Option<Timestamp>,
+    /// The last step up, for backoff.
+    pub last_escalation: Option<Timestamp>,
+    /// An operator's pin.
+    pub force: Option<ForceInfo>,
+    /// An operator's freeze of this model.
+    pub freeze: Option<OverrideInfo>,
+    /// Pools the current alerts say are unhealthy.
+    pub unhealthy_pools: Vec<String>,
+    /// When the next step down becomes possible, if one is pending.
+    pub wake_at: Option<Timestamp>,
+}
+
+impl ModelState {
+    /// A model on its primary pool, healthy.
+    pub fn new(primary: &str, now: Timestamp) -> ModelState {
+        ModelState {
+            rung: Rung::Normal,
+            pool: primary.to_owned(),
+            alias: None,
+            since: now,
+            reason: "healthy".to_owned(),
+            alerts: Vec::new(),
+            clear_since: [None, Some(now), Some(now), Some(now)],
+            transitions: VecDeque::new(),
+            pin: None,
+            backoff_level: 0,
+            last_deescalation: None,
+            last_escalation: None,
+            force: None,
+            freeze: None,
+            unhealthy_pools: Vec::new(),
+            wake_at: None,
+        }
+    }
+}
+
+/// What a block applies to: an endpoint, for one model or for all.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BlockKey {
+    /// The endpoint as gateways name it.
+    pub endpoint: String,
+    /// The model, or `None` for every model.
+    pub model: Option<String>,
+}
+
+impl std::fmt::Display for BlockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.model {
+            Some(m) => write!(f, "{} ({m})", self.endpoint),
+            None => write!(f, "{} (all models)", self.endpoint),
+        }
+    }
+}
+
+/// Who asked for a block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockSource {
+    /// A `block-endpoint` alert.
+    Alert(Fingerprint),
+    /// An operator through the admin API.
+    Operator,
+}
+
+/// An active block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRecord {
+    /// When it ends on its own.
+    pub until: Timestamp,
+    /// When it began.
+    pub since: Timestamp,
+    /// Why.
+    pub reason: String,
+    /// Its backoff level (1 for a first offence).
+    pub strikes: u32,
+    /// Who asked.
+    pub source: BlockSource,
+}
+
+/// A key's recent blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Strikes {
+    /// Blocks in a row, each within the backoff's `reset_after` of the last.
+    pub count: u32,
+    /// When the last one began.
+    pub last: Timestamp,
+}
+
+/// Serializes a map with non-string keys as a list of `[key, value]` pairs.
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S, K, V>(map: &BTreeMap<K, V>, s: S) -> Result<S::Ok, S::Error>
+    where
+        S: Serializer,
+        K: Serialize,
+        V: Serialize,
+    {
+        s.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, D, K, V>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        D: Deserializer<'de>,
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(d)?.into_iter().collect())
+    }
+}

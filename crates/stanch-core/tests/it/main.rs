@@ -1,0 +1,6 @@
+//! Integration tests of the engine: scenarios, properties, and the purity guard.
+
+mod harness;
+mod properties;
+mod purity;
+mod scenarios;

@@ -1,0 +1,33 @@
+//! Scenario files in `tests/scenarios/*.scenario`, each checked against its
+//! `.expected` snapshot. Refresh snapshots with `UPDATE_EXPECT=1 cargo test -p stanch-core`.
+
+use std::path::PathBuf;
+
+use crate::harness;
+
+fn check(name: &str) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let text = std::fs::read_to_string(dir.join(format!("{name}.scenario"))).unwrap();
+    let actual = harness::run(&text);
+    expect_test::expect_file![dir.join(format!("{name}.expected"))].assert_eq(&actual);
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => { $( #[test] fn $name() { check(stringify!($name)); } )* };
+}
+
+scenarios!(
+    failover_and_recovery,
+    verified_ladder_skips_unhealthy_targets,
+    degradation_keeps_vip_and_recovers_one_rung_at_a_time,
+    static_when_everything_fails,
+    flap_guard_pins,
+    backoff_doubles_recover_after,
+    prometheus_alerts_expire,
+    duplicates_and_out_of_order,
+    overrides,
+    dry_run,
+    endpoint_blocks,
+    reconciliation,
+    unmapped_alerts,
+);

@@ -1,1 +1,229 @@
-//! placeholder until written
+//! Invariants of the engine over random input sequences.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use stanch_api::{HumanDuration, Rung, Timestamp};
+use stanch_core::decision::Rule;
+use stanch_core::{Command, Config, Decision, Engine, EngineState, Input};
+
+use crate::harness::{AlertBuilder, T0};
+
+const MODELS: [&str; 2] = ["qwen-72b", "qwen-14b"];
+
+/// Alert templates: (name, labels).
+const ALERTS: [(&str, &[(&str, &str)]); 8] = [
+    ("A72", &[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-a")]),
+    ("B72", &[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-b")]),
+    ("A14", &[("action", "trigger-failover"), ("target_model", "qwen-14b"), ("pool", "dc-a")]),
+    ("B14", &[("action", "trigger-failover"), ("target_model", "qwen-14b"), ("pool", "dc-b")]),
+    ("S72", &[("action", "trigger-model-degradation"), ("target_model", "qwen-72b")]),
+    ("S14", &[("action", "trigger-model-degradation"), ("target_model", "qwen-14b")]),
+    ("F72", &[("action", "trigger-static-fallback"), ("target_model", "qwen-72b")]),
+    ("E1", &[("action", "block-endpoint"), ("endpoint", "a1:8000")]),
+];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Fire(usize),
+    Resolve(usize),
+    Tick,
+    Force(usize, Rung, Option<u64>),
+    Release(usize),
+    Freeze(Option<usize>, Option<u64>),
+    Thaw(Option<usize>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let rung = prop_oneof![Just(Rung::Normal), Just(Rung::Failover), Just(Rung::Static)];
+    prop_oneof![
+        6 => (0..ALERTS.len()).prop_map(Op::Fire),
+        6 => (0..ALERTS.len()).prop_map(Op::Resolve),
+        4 => Just(Op::Tick),
+        1 => (0..2usize, rung, proptest::option::of(10..300u64)).prop_map(|(m, r, t)| Op::Force(m, r, t)),
+        1 => (0..2usize).prop_map(Op::Release),
+        1 => (proptest::option::of(0..2usize), proptest::option::of(10..300u64)).prop_map(|(m, t)| Op::Freeze(m, t)),
+        1 => proptest::option::of(0..2usize).prop_map(Op::Thaw),
+    ]
+}
+
+fn config() -> Config {
+    let mut c = Config::default_config();
+    c.ladder.recover_after = HumanDuration::secs(30);
+    c.ladder.min_dwell = HumanDuration::secs(10);
+    c.ladder.flap.max_transitions = 3;
+    c.ladder.flap.window = HumanDuration::secs(300);
+    c.ladder.flap.hold = HumanDuration::secs(600);
+    c.ladder.backoff.max = HumanDuration::secs(120);
+    c.blocking.jitter = 0.1;
+    c
+}
+
+fn input(op: &Op) -> Input {
+    let reason = "property".to_owned();
+    let ttl = |t: &Option<u64>| t.map(HumanDuration::secs);
+    let alert = |i: usize| {
+        let (name, labels) = ALERTS[i];
+        labels.iter().fold(AlertBuilder::firing(name), |b, (k, v)| b.label(k, v))
+    };
+    match op {
+        Op::Fire(i) => Input::Alerts { alerts: vec![alert(*i).build()] },
+        // Every firing in these runs starts at T0, so resolutions always match.
+        Op::Resolve(i) => Input::Alerts { alerts: vec![alert(*i).resolved().build()] },
+        Op::Tick => Input::Tick,
+        Op::Force(m, rung, t) => Input::Command {
+            command: Command::Force { model: MODELS[*m].into(), rung: *rung, ttl: ttl(t), reason },
+        },
+        Op::Release(m) => Input::Command { command: Command::Release { model: MODELS[*m].into(), reason } },
+        Op::Freeze(m, t) => Input::Command {
+            command: Command::Freeze { model: m.map(|m| MODELS[m].into()), ttl: ttl(t), reason },
+        },
+        Op::Thaw(m) => Input::Command { command: Command::Thaw { model: m.map(|m| MODELS[m].into()), reason } },
+    }
+}
+
+/// Runs ops `dt` seconds apart, ticking at every wake-up in between as the server
+/// does, and returns every (time, decision).
+fn drive(engine: &mut Engine, ops: &[(u64, Op)], mut now: Timestamp, mut check: impl FnMut(&Engine, Timestamp, &[Decision])) -> Vec<(Timestamp, Decision)> {
+    let mut log = Vec::new();
+    for (dt, op) in ops {
+        let next = now + Duration::from_secs(*dt);
+        while let Some(wake) = engine.next_wakeup().filter(|w| *w <= next) {
+            now = wake.max(now);
+            let step = engine.step(Input::Tick, now);
+            check(engine, now, &step.decisions);
+            log.extend(step.decisions.into_iter().map(|d| (now, d)));
+        }
+        now = next;
+        let step = engine.step(input(op), now);
+        check(engine, now, &step.decisions);
+        log.extend(step.decisions.into_iter().map(|d| (now, d)));
+    }
+    log
+}
+
+fn ops() -> impl Strategy<Value = Vec<(u64, Op)>> {
+    proptest::collection::vec((0..90u64, op()), 1..60)
+}
+
+fn fresh() -> Engine {
+    Engine::new(config(), Engine::fresh_state("p".into(), T0), T0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// A model neither forced nor frozen is never below the rung its conditions need.
+    #[test]
+    fn escalation_is_never_delayed(ops in ops()) {
+        let mut engine = fresh();
+        drive(&mut engine, &ops, T0, |e, _, _| {
+            let s = e.state();
+            for (name, st) in &s.models {
+                if st.force.is_none() && st.freeze.is_none() && s.global_freeze.is_none() {
+                    let target = e.target(name).unwrap();
+                    assert!(st.rung >= target, "{name} at {} below target {target}", st.rung);
+                }
+            }
+        });
+    }
+
+    /// Automation steps down one viable rung at a time, no sooner than min_dwell after
+    /// the previous move, and never below what active conditions need.
+    #[test]
+    fn recovery_is_stepwise_and_never_early(ops in ops()) {
+        let mut engine = fresh();
+        let min_dwell = config().ladder.min_dwell.0;
+        let mut last_move: BTreeMap<String, Timestamp> = BTreeMap::new();
+        drive(&mut engine, &ops, T0, |e, now, decisions| {
+            for d in decisions {
+                let Decision::Transition { model, from, to, rule, .. } = d else { continue };
+                if let Rule::Deescalate { unviable, .. } = rule {
+                    assert!(to < from);
+                    assert_eq!(from.index() - to.index() - 1, unviable.len(), "{model}: skipped a viable rung");
+                    if let Some(prev) = last_move.get(model) {
+                        assert!(now.since(*prev) >= min_dwell, "{model} stepped down {:?} after its last move", now.since(*prev));
+                    }
+                    assert!(e.target(model).unwrap() <= *to, "{model} stepped below an active condition");
+                }
+                last_move.insert(model.clone(), now);
+            }
+        });
+    }
+
+    /// A forced rung is what gateways get, whatever the alerts say.
+    #[test]
+    fn an_active_override_always_wins(ops in ops()) {
+        let mut engine = fresh();
+        drive(&mut engine, &ops, T0, |e, _, _| {
+            let table = e.route_table();
+            for (name, st) in &e.state().models {
+                if let Some(force) = &st.force {
+                    assert_eq!(table.models[name].rung, force.rung);
+                    assert!(table.models[name].overridden);
+                }
+            }
+        });
+    }
+
+    /// More direction swings than the flap limit within the window pins the model.
+    #[test]
+    fn flapping_pins(ops in ops()) {
+        let mut engine = fresh();
+        let policy = config().ladder.flap;
+        let mut moves: BTreeMap<String, Vec<(Timestamp, bool)>> = BTreeMap::new();
+        drive(&mut engine, &ops, T0, |e, now, decisions| {
+            for d in decisions {
+                let Decision::Transition { model, from, to, rule, .. } = d else { continue };
+                if !matches!(rule, Rule::Escalate { .. } | Rule::Deescalate { .. }) { continue }
+                let list = moves.entry(model.clone()).or_default();
+                list.push((now, to > from));
+                let recent: Vec<bool> = list.iter().filter(|(t, _)| now.since(*t) <= policy.window.0).map(|(_, up)| *up).collect();
+                let swings = recent.iter().enumerate().filter(|(i, up)| *i == 0 || recent[i - 1] != **up).count();
+                if swings > policy.max_transitions {
+                    assert!(e.state().models[model].pin.is_some(), "{model}: {swings} swings and no pin");
+                }
+            }
+        });
+    }
+
+    /// The same inputs at the same times give the same decisions; and a state saved
+    /// and restored mid-way (as the store does) carries on exactly as if never saved.
+    #[test]
+    fn replay_is_deterministic(ops in ops(), cut in 0usize..60) {
+        let mut a = fresh();
+        let mut b = fresh();
+        let log_a = drive(&mut a, &ops, T0, |_, _, _| {});
+        let log_b = drive(&mut b, &ops, T0, |_, _, _| {});
+        prop_assert_eq!(&log_a, &log_b);
+        prop_assert_eq!(a.state(), b.state());
+
+        let cut = cut.min(ops.len());
+        let mut c = fresh();
+        let first = drive(&mut c, &ops[..cut], T0, |_, _, _| {});
+        let t_cut = T0 + Duration::from_secs(ops[..cut].iter().map(|(dt, _)| dt).sum());
+        let saved = serde_json::to_string(c.state()).unwrap();
+        let restored: EngineState = serde_json::from_str(&saved).unwrap();
+        let mut d = Engine::new(config(), restored, t_cut);
+        let second = drive(&mut d, &ops[cut..], t_cut, |_, _, _| {});
+        let joined: Vec<_> = first.into_iter().chain(second).collect();
+        prop_assert_eq!(&log_a, &joined);
+        prop_assert_eq!(a.state(), d.state());
+    }
+
+    /// Versions only go up, and every content change is a new version.
+    #[test]
+    fn versions_are_monotonic(ops in ops()) {
+        let mut engine = fresh();
+        let mut last = engine.route_table();
+        drive(&mut engine, &ops, T0, |e, _, _| {
+            let table = e.route_table();
+            assert!(table.version >= last.version);
+            if table.models != last.models || table.blocked != last.blocked {
+                assert!(table.version > last.version, "content changed without a new version");
+            }
+            last = table;
+        });
+    }
+}

@@ -1,1 +1,239 @@
-fn main() {}
+//! The `stanch` binary: arguments, logging, wiring. Behaviour lives in the crates.
+
+mod ctl;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use stanch_core::Config;
+use stanch_server::auth::Tokens;
+use stanch_server::clock::SystemClock;
+use stanch_server::net::ConnLimits;
+use stanch_server::{Controller, Settings};
+
+/// Exit code for a configuration that cannot be used (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+/// stanch: a self-healing control plane for LLM API gateways.
+#[derive(Debug, Parser)]
+#[command(version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the controller.
+    Serve(ServeArgs),
+    /// Validate a configuration file offline; lists every problem with its path.
+    CheckConfig {
+        /// The YAML configuration file.
+        file: PathBuf,
+    },
+    /// Inspect and override a running controller.
+    Ctl(ctl::CtlArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StoreKind {
+    /// Snapshot and journal under --data-dir; survives restarts.
+    File,
+    /// In memory only; state is lost on restart.
+    Memory,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The YAML configuration; without it, the embedded default configuration.
+    #[arg(long, env = "STANCH_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, env = "STANCH_LISTEN", default_value = "127.0.0.1:9797")]
+    listen: SocketAddr,
+    /// Directory for state, journal and history.
+    #[arg(long, env = "STANCH_DATA_DIR", default_value = "./stanch-data")]
+    data_dir: PathBuf,
+    /// Where state is kept.
+    #[arg(long, env = "STANCH_STORE", value_enum, default_value = "file")]
+    store: StoreKind,
+    /// Log format.
+    #[arg(long, env = "STANCH_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// PEM certificate chain: serve HTTPS.
+    #[arg(long, env = "STANCH_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "STANCH_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::CheckConfig { file } => check_config(&file),
+        Cmd::Serve(args) => serve(args),
+        Cmd::Ctl(args) => ctl::run(args),
+    }
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config, String> {
+    match path {
+        None => Ok(Config::default_config()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            Config::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))
+        }
+    }
+}
+
+fn check_config(file: &Path) -> ExitCode {
+    match load_config(Some(file)) {
+        Ok(config) => {
+            let models = config.models.keys().cloned().collect::<Vec<_>>().join(", ");
+            eprintln!(
+                "{}: ok ({} model(s): {models})",
+                file.display(),
+                config.models.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+/// A role's token: the environment wins, else the file named in the configuration.
+fn token(env: &str, file: Option<&String>) -> Result<Option<String>, String> {
+    if let Ok(v) = std::env::var(env) {
+        if !v.trim().is_empty() {
+            return Ok(Some(v));
+        }
+    }
+    match file {
+        None => Ok(None),
+        Some(path) => std::fs::read_to_string(path)
+            .map(|t| Some(t.trim().to_owned()))
+            .map_err(|e| {
+                format!("cannot read the token file {path} named in the configuration: {e}")
+            }),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    init_logging(args.log_format);
+    let config = match load_config(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let auth = &config.auth;
+    let tokens = (|| {
+        Ok::<_, String>(Tokens::new(
+            token("STANCH_INGEST_TOKEN", auth.ingest_token_file.as_ref())?,
+            token("STANCH_ADMIN_TOKEN", auth.admin_token_file.as_ref())?,
+            token("STANCH_READ_TOKEN", auth.read_token_file.as_ref())?,
+        ))
+    })();
+    let am_token = token(
+        "STANCH_ALERTMANAGER_TOKEN",
+        config
+            .alertmanager
+            .as_ref()
+            .and_then(|a| a.token_file.as_ref()),
+    );
+    let (tokens, am_token) = match (tokens, am_token) {
+        (Ok(t), Ok(a)) => (t, a.map(Into::into)),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let settings = Settings {
+        config,
+        data_dir: match args.store {
+            StoreKind::File => Some(args.data_dir),
+            StoreKind::Memory => None,
+        },
+        tokens,
+        tls: args.tls_cert.zip(args.tls_key),
+        alertmanager_token: am_token,
+        limits: ConnLimits::default(),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(settings, args.listen)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("stanch: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
+    controller.run_until(shutdown_signal()).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

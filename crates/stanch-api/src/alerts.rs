@@ -70,6 +70,17 @@ pub struct RejectedAlert {
     pub detail: String,
 }
 
+/// The answer to an accepted alert notification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntakeResponse {
+    /// Alerts recorded.
+    pub accepted: usize,
+    /// Alerts of the batch that were invalid, with what was wrong.
+    pub rejected: Vec<RejectedAlert>,
+    /// The route version after recording them.
+    pub version: u64,
+}
+
 /// Why a whole payload was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PayloadError {
@@ -139,11 +150,22 @@ fn parse_json(body: &[u8]) -> Result<Value, PayloadError> {
 
 fn field_error(prefix: &str, err: serde_path_to_error::Error<serde_json::Error>) -> PayloadError {
     let path = err.path().to_string();
-    let path = if path == "." { prefix.to_owned() } else { format!("{prefix}.{path}") };
+    let path = if path == "." {
+        prefix.to_owned()
+    } else {
+        format!("{prefix}.{path}")
+    };
     let detail = err.into_inner().to_string();
     // serde_json appends "at line 1 column 42", meaningless for a `Value`.
-    let detail = detail.split(" at line ").next().unwrap_or_default().to_owned();
-    PayloadError::Field { path: path.trim_start_matches('.').to_owned(), detail }
+    let detail = detail
+        .split(" at line ")
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    PayloadError::Field {
+        path: path.trim_start_matches('.').to_owned(),
+        detail,
+    }
 }
 
 /// How a sender's alerts are read.
@@ -157,23 +179,35 @@ enum Dialect {
     ApiList,
 }
 
-fn parse_alert(index: usize, value: Value, dialect: Dialect) -> Result<IncomingAlert, RejectedAlert> {
+fn parse_alert(
+    index: usize,
+    value: Value,
+    dialect: Dialect,
+) -> Result<IncomingAlert, RejectedAlert> {
     let prefix = format!("alerts[{index}]");
     let reject = |detail: String| RejectedAlert { index, detail };
     let wire: WireAlert = serde_path_to_error::deserialize(value)
         .map_err(|e| reject(field_error(&prefix, e).to_string()))?;
     if wire.labels.is_empty() {
-        return Err(reject(format!("{prefix}.labels: an alert needs at least one label")));
+        return Err(reject(format!(
+            "{prefix}.labels: an alert needs at least one label"
+        )));
     }
     if let Some((name, _)) = wire.labels.iter().find(|(k, _)| k.is_empty()) {
-        return Err(reject(format!("{prefix}.labels: empty label name {name:?}")));
+        return Err(reject(format!(
+            "{prefix}.labels: empty label name {name:?}"
+        )));
     }
     let time = |field: &str, raw: &Option<String>| -> Result<Option<Timestamp>, RejectedAlert> {
         match raw.as_deref() {
             None | Some("") => Ok(None),
             Some(s) => Timestamp::parse_rfc3339(s)
                 .map(|t| (!t.is_unset()).then_some(t))
-                .map_err(|_| reject(format!("{prefix}.{field}: not an RFC 3339 timestamp: {s:?}"))),
+                .map_err(|_| {
+                    reject(format!(
+                        "{prefix}.{field}: not an RFC 3339 timestamp: {s:?}"
+                    ))
+                }),
         }
     };
     let starts_at = time("startsAt", &wire.starts_at)?;
@@ -196,7 +230,11 @@ fn parse_alert(index: usize, value: Value, dialect: Dialect) -> Result<IncomingA
         },
         Dialect::Push { now } => {
             let resolved = ends_at.is_some_and(|e| e <= now);
-            let status = if resolved { AlertStatus::Resolved } else { AlertStatus::Firing };
+            let status = if resolved {
+                AlertStatus::Resolved
+            } else {
+                AlertStatus::Firing
+            };
             (status, AlertSource::Prometheus)
         }
         Dialect::ApiList => (AlertStatus::Firing, AlertSource::Alertmanager),
@@ -252,7 +290,10 @@ pub fn parse_alertmanager_webhook(body: &[u8]) -> Result<ParsedBatch, PayloadErr
     if envelope.version != "4" {
         return Err(PayloadError::Field {
             path: "version".into(),
-            detail: format!("unsupported webhook version {:?}; stanch reads version \"4\"", envelope.version),
+            detail: format!(
+                "unsupported webhook version {:?}; stanch reads version \"4\"",
+                envelope.version
+            ),
         });
     }
     let mut batch = parse_alerts(envelope.alerts, Dialect::Webhook)?;
@@ -314,7 +355,10 @@ mod tests {
         assert_eq!(batch.alerts.len(), 1);
         let details: Vec<_> = batch.rejected.iter().map(|r| r.detail.as_str()).collect();
         assert_eq!(details.len(), 3);
-        assert!(details[0].starts_with("alerts[1].startsAt: not an RFC 3339"), "{details:?}");
+        assert!(
+            details[0].starts_with("alerts[1].startsAt: not an RFC 3339"),
+            "{details:?}"
+        );
         assert!(details[1].starts_with("alerts[2].status"), "{details:?}");
         assert!(details[2].starts_with("alerts[3].labels.a"), "{details:?}");
     }
@@ -324,7 +368,10 @@ mod tests {
         let err = parse_alertmanager_webhook(br#"{"version":"4","alerts":{}}"#).unwrap_err();
         assert!(err.to_string().starts_with("alerts:"), "{err}");
         let err = parse_alertmanager_webhook(br#"{"version":"3","alerts":[]}"#).unwrap_err();
-        assert!(err.to_string().contains("unsupported webhook version"), "{err}");
+        assert!(
+            err.to_string().contains("unsupported webhook version"),
+            "{err}"
+        );
         let err = parse_alertmanager_webhook(b"{nope").unwrap_err();
         assert_eq!(err.kind(), "not_json");
     }

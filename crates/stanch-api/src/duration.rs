@@ -37,11 +37,15 @@ impl FromStr for HumanDuration {
         let trimmed = s.trim();
         // A bare number is ambiguous (seconds? milliseconds?), so it is refused.
         if trimmed.is_empty() || trimmed.chars().all(|c| c.is_ascii_digit()) {
-            return Err(BadDuration { input: s.to_owned() });
+            return Err(BadDuration {
+                input: s.to_owned(),
+            });
         }
         humantime::parse_duration(trimmed)
             .map(Self)
-            .map_err(|_| BadDuration { input: s.to_owned() })
+            .map_err(|_| BadDuration {
+                input: s.to_owned(),
+            })
     }
 }
 
@@ -73,10 +77,22 @@ mod tests {
 
     #[test]
     fn parses_operator_strings() {
-        assert_eq!("90s".parse::<HumanDuration>().unwrap().0, Duration::from_secs(90));
-        assert_eq!("10m".parse::<HumanDuration>().unwrap().0, Duration::from_secs(600));
-        assert_eq!("1h30m".parse::<HumanDuration>().unwrap().0, Duration::from_secs(5400));
-        assert_eq!("250ms".parse::<HumanDuration>().unwrap().0, Duration::from_millis(250));
+        assert_eq!(
+            "90s".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            "10m".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            "1h30m".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(5400)
+        );
+        assert_eq!(
+            "250ms".parse::<HumanDuration>().unwrap().0,
+            Duration::from_millis(250)
+        );
     }
 
     #[test]
@@ -91,6 +107,9 @@ mod tests {
     fn serializes_without_spaces() {
         let d = HumanDuration(Duration::from_secs(5400));
         assert_eq!(serde_json::to_string(&d).unwrap(), "\"1h30m\"");
-        assert_eq!(serde_json::to_string(&HumanDuration::default()).unwrap(), "\"0s\"");
+        assert_eq!(
+            serde_json::to_string(&HumanDuration::default()).unwrap(),
+            "\"0s\""
+        );
     }
 }

@@ -52,7 +52,9 @@ impl FromStr for Fingerprint {
         if s.is_empty() || s.len() > 16 {
             return Err(BadFingerprint(s.to_owned()));
         }
-        u64::from_str_radix(s, 16).map(Self).map_err(|_| BadFingerprint(s.to_owned()))
+        u64::from_str_radix(s, 16)
+            .map(Self)
+            .map_err(|_| BadFingerprint(s.to_owned()))
     }
 }
 
@@ -74,7 +76,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]

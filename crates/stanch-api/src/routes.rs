@@ -147,7 +147,10 @@ mod tests {
 
     #[test]
     fn rung_wire_names_and_order() {
-        assert_eq!(serde_json::to_string(&Rung::Degraded).unwrap(), "\"degraded\"");
+        assert_eq!(
+            serde_json::to_string(&Rung::Degraded).unwrap(),
+            "\"degraded\""
+        );
         assert!(Rung::Normal < Rung::Failover && Rung::Degraded < Rung::Static);
         assert_eq!("static".parse::<Rung>().unwrap(), Rung::Static);
         assert_eq!("1".parse::<Rung>().unwrap(), Rung::Failover);

@@ -50,12 +50,18 @@ impl Timestamp {
 
     /// Adds a duration, saturating.
     pub fn saturating_add(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+        Self(
+            self.0
+                .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
     }
 
     /// Subtracts a duration, saturating.
     pub fn saturating_sub(self, d: Duration) -> Self {
-        Self(self.0.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+        Self(
+            self.0
+                .saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
     }
 }
 
@@ -125,6 +131,9 @@ mod tests {
         let t = Timestamp::from_millis(1_000);
         assert_eq!(t + Duration::from_secs(1), Timestamp::from_millis(2_000));
         assert_eq!(t.since(Timestamp::from_millis(5_000)), Duration::ZERO);
-        assert_eq!(Timestamp::from_millis(i64::MAX) + Duration::from_secs(1), Timestamp(i64::MAX));
+        assert_eq!(
+            Timestamp::from_millis(i64::MAX) + Duration::from_secs(1),
+            Timestamp(i64::MAX)
+        );
     }
 }

@@ -35,7 +35,13 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
 
 /// `d` spread by up to ±`fraction`, pseudo-randomly but deterministically from the
 /// key, the strike and the time, so that replays decide the same.
-pub(crate) fn jittered(d: Duration, policy: &BlockPolicy, key: &BlockKey, strikes: u32, now: Timestamp) -> Duration {
+pub(crate) fn jittered(
+    d: Duration,
+    policy: &BlockPolicy,
+    key: &BlockKey,
+    strikes: u32,
+    now: Timestamp,
+) -> Duration {
     if policy.jitter <= 0.0 {
         return d;
     }
@@ -78,9 +84,21 @@ pub(crate) fn block(
         Some(s) if now.since(s.last) <= policy.backoff.reset_after.0 => s.count.saturating_add(1),
         _ => 1,
     };
-    state.strikes.insert(key.clone(), Strikes { count: strikes, last: now });
+    state.strikes.insert(
+        key.clone(),
+        Strikes {
+            count: strikes,
+            last: now,
+        },
+    );
     let ttl = fixed.unwrap_or_else(|| {
-        jittered(policy.backoff.scaled(policy.ttl.0, strikes - 1), policy, &key, strikes, now)
+        jittered(
+            policy.backoff.scaled(policy.ttl.0, strikes - 1),
+            policy,
+            &key,
+            strikes,
+            now,
+        )
     });
     let until = now + ttl;
     out.push(Decision::Blocked {
@@ -91,7 +109,16 @@ pub(crate) fn block(
         strikes,
         reason: reason.clone(),
     });
-    state.blocks.insert(key, BlockRecord { until, since: now, reason, strikes, source });
+    state.blocks.insert(
+        key,
+        BlockRecord {
+            until,
+            since: now,
+            reason,
+            strikes,
+            source,
+        },
+    );
 }
 
 #[cfg(test)]
@@ -110,13 +137,22 @@ mod tests {
 
     #[test]
     fn jitter_stays_within_its_fraction_and_is_repeatable() {
-        let policy = BlockPolicy { jitter: 0.1, ..BlockPolicy::default() };
+        let policy = BlockPolicy {
+            jitter: 0.1,
+            ..BlockPolicy::default()
+        };
         let base = Duration::from_secs(300);
-        let key = BlockKey { endpoint: "e".into(), model: None };
+        let key = BlockKey {
+            endpoint: "e".into(),
+            model: None,
+        };
         let mut distinct = std::collections::BTreeSet::new();
         for t in 0..200 {
             let d = jittered(base, &policy, &key, 1, Timestamp(t * 7919));
-            assert!(d >= Duration::from_secs(270) && d <= Duration::from_secs(330), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(270) && d <= Duration::from_secs(330),
+                "{d:?}"
+            );
             assert_eq!(d, jittered(base, &policy, &key, 1, Timestamp(t * 7919)));
             distinct.insert(d);
         }

@@ -187,7 +187,9 @@ impl BackoffPolicy {
     /// `base × factor^level`, capped at `max` (and never below `base`).
     pub fn scaled(&self, base: Duration, level: u32) -> Duration {
         let factor = u64::from(self.factor.max(1)).saturating_pow(level.min(32));
-        let ms = u64::try_from(base.as_millis()).unwrap_or(u64::MAX).saturating_mul(factor);
+        let ms = u64::try_from(base.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(factor);
         Duration::from_millis(ms).min(self.max.0.max(base))
     }
 }
@@ -321,7 +323,9 @@ pub struct IntakeConfig {
 
 impl Default for IntakeConfig {
     fn default() -> Self {
-        Self { max_body_bytes: 1024 * 1024 }
+        Self {
+            max_body_bytes: 1024 * 1024,
+        }
     }
 }
 
@@ -362,7 +366,10 @@ pub struct HistoryConfig {
 
 impl Default for HistoryConfig {
     fn default() -> Self {
-        Self { max_entries: 10_000, max_file_bytes: 64 * 1024 * 1024 }
+        Self {
+            max_entries: 10_000,
+            max_file_bytes: 64 * 1024 * 1024,
+        }
     }
 }
 
@@ -398,7 +405,11 @@ impl Config {
         let config: Config =
             serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         let problems = config.validate();
-        if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
     }
 
     /// The embedded default configuration.
@@ -420,26 +431,41 @@ impl Config {
                 problem(at.clone(), "model name is empty".into());
             }
             if model.pools.is_empty() {
-                problem(format!("{at}.pools"), "a model needs at least one pool".into());
+                problem(
+                    format!("{at}.pools"),
+                    "a model needs at least one pool".into(),
+                );
             }
             let mut seen = BTreeSet::new();
             for (i, pool) in model.pools.iter().enumerate() {
                 if pool.name().trim().is_empty() {
                     problem(format!("{at}.pools[{i}]"), "pool name is empty".into());
                 } else if !seen.insert(pool.name()) {
-                    problem(format!("{at}.pools[{i}]"), format!("pool {:?} is listed twice", pool.name()));
+                    problem(
+                        format!("{at}.pools[{i}]"),
+                        format!("pool {:?} is listed twice", pool.name()),
+                    );
                 }
             }
             if let Some(fallback) = &model.fallback {
                 if fallback == name {
-                    problem(format!("{at}.fallback"), "a model cannot fall back to itself".into());
+                    problem(
+                        format!("{at}.fallback"),
+                        "a model cannot fall back to itself".into(),
+                    );
                 } else if !self.models.contains_key(fallback) {
-                    problem(format!("{at}.fallback"), format!("model {fallback:?} is not configured"));
+                    problem(
+                        format!("{at}.fallback"),
+                        format!("model {fallback:?} is not configured"),
+                    );
                 }
             }
             if let Some(faq) = &model.faq {
                 if !faq_sets.contains(faq.as_str()) {
-                    problem(format!("{at}.faq"), format!("FAQ set {faq:?} is not in faq_sets"));
+                    problem(
+                        format!("{at}.faq"),
+                        format!("FAQ set {faq:?} is not in faq_sets"),
+                    );
                 }
             }
         }
@@ -460,18 +486,30 @@ impl Config {
             }
         }
         if ladder.lease.0 < Duration::from_secs(10) {
-            problem("ladder.lease".into(), "must be at least 10s, or gateways fail open between renewals".into());
+            problem(
+                "ladder.lease".into(),
+                "must be at least 10s, or gateways fail open between renewals".into(),
+            );
         }
         if ladder.flap.max_transitions < 2 {
-            problem("ladder.flap.max_transitions".into(), "must be at least 2 (one down and one up is not a flap)".into());
+            problem(
+                "ladder.flap.max_transitions".into(),
+                "must be at least 2 (one down and one up is not a flap)".into(),
+            );
         }
-        for (path, b) in [("ladder.backoff", &ladder.backoff), ("blocking.backoff", &self.blocking.backoff)] {
+        for (path, b) in [
+            ("ladder.backoff", &ladder.backoff),
+            ("blocking.backoff", &self.blocking.backoff),
+        ] {
             if b.factor == 0 {
                 problem(format!("{path}.factor"), "must be at least 1".into());
             }
         }
         if !(0.0..=0.5).contains(&self.blocking.jitter) {
-            problem("blocking.jitter".into(), "must be between 0 and 0.5 (a fraction: 0.1 is ±10 %)".into());
+            problem(
+                "blocking.jitter".into(),
+                "must be between 0 and 0.5 (a fraction: 0.1 is ±10 %)".into(),
+            );
         }
         for (i, glob) in self.blocking.never_block.iter().enumerate() {
             if glob.is_empty() {
@@ -481,7 +519,10 @@ impl Config {
         for (i, m) in self.mappings.iter().enumerate() {
             let at = format!("mappings[{i}]");
             if m.matchers.is_empty() {
-                problem(format!("{at}.matchers"), "at least one matcher is needed".into());
+                problem(
+                    format!("{at}.matchers"),
+                    "at least one matcher is needed".into(),
+                );
             }
             for (j, raw) in m.matchers.iter().enumerate() {
                 if let Err(e) = Matcher::parse(raw) {
@@ -496,37 +537,61 @@ impl Config {
                 }
             };
             match (&m.target_model, &m.target_model_label) {
-                (Some(_), Some(_)) => problem(at.clone(), "give target_model or target_model_label, not both".into()),
+                (Some(_), Some(_)) => problem(
+                    at.clone(),
+                    "give target_model or target_model_label, not both".into(),
+                ),
                 (Some(t), None) if !self.models.contains_key(t) => {
-                    problem(format!("{at}.target_model"), format!("model {t:?} is not configured"));
+                    problem(
+                        format!("{at}.target_model"),
+                        format!("model {t:?} is not configured"),
+                    );
                 }
                 (None, None) if action.is_some_and(|a| a != Action::BlockEndpoint) => {
-                    problem(at.clone(), "needs target_model or target_model_label".into());
+                    problem(
+                        at.clone(),
+                        "needs target_model or target_model_label".into(),
+                    );
                 }
                 _ => {}
             }
             if let Some(f) = &m.fallback_model {
                 if !self.models.contains_key(f) {
-                    problem(format!("{at}.fallback_model"), format!("model {f:?} is not configured"));
+                    problem(
+                        format!("{at}.fallback_model"),
+                        format!("model {f:?} is not configured"),
+                    );
                 }
             }
             if m.pool.is_some() && m.pool_label.is_some() {
                 problem(at.clone(), "give pool or pool_label, not both".into());
             }
             if action == Some(Action::BlockEndpoint) && m.endpoint_label.is_none() {
-                problem(format!("{at}.endpoint_label"), "block-endpoint needs the label naming the endpoint".into());
+                problem(
+                    format!("{at}.endpoint_label"),
+                    "block-endpoint needs the label naming the endpoint".into(),
+                );
             }
         }
         if let Some(am) = &self.alertmanager {
             if !(am.url.starts_with("http://") || am.url.starts_with("https://")) {
-                problem("alertmanager.url".into(), format!("{:?} is not an http(s) URL", am.url));
+                problem(
+                    "alertmanager.url".into(),
+                    format!("{:?} is not an http(s) URL", am.url),
+                );
             }
             if am.receiver.trim().is_empty() {
-                problem("alertmanager.receiver".into(), "name the receiver that routes to stanch".into());
+                problem(
+                    "alertmanager.receiver".into(),
+                    "name the receiver that routes to stanch".into(),
+                );
             }
         }
         if self.intake.max_body_bytes < 1024 {
-            problem("intake.max_body_bytes".into(), "must be at least 1024".into());
+            problem(
+                "intake.max_body_bytes".into(),
+                "must be at least 1024".into(),
+            );
         }
         if self.watch.max_watchers == 0 {
             problem("watch.max_watchers".into(), "must be at least 1".into());
@@ -574,7 +639,9 @@ mappings:
     action: explode
 "#;
         let err = Config::from_yaml(yaml).unwrap_err();
-        let ConfigError::Invalid(problems) = &err else { panic!("{err}") };
+        let ConfigError::Invalid(problems) = &err else {
+            panic!("{err}")
+        };
         let paths: Vec<_> = problems.iter().map(|p| p.path.as_str()).collect();
         for expected in [
             "models.a.pools[1]",
@@ -595,13 +662,18 @@ mappings:
     fn unknown_fields_and_bad_durations_are_parse_errors() {
         let err = Config::from_yaml("models: {}\nladdr: {}\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `laddr`"), "{err}");
-        let err = Config::from_yaml("models: {a: {pools: [p]}}\nladder: {recover_after: 60}\n").unwrap_err();
+        let err = Config::from_yaml("models: {a: {pools: [p]}}\nladder: {recover_after: 60}\n")
+            .unwrap_err();
         assert!(err.to_string().contains("not a duration"), "{err}");
     }
 
     #[test]
     fn backoff_scales_and_caps() {
-        let b = BackoffPolicy { factor: 2, max: HumanDuration::secs(240), reset_after: HumanDuration::secs(600) };
+        let b = BackoffPolicy {
+            factor: 2,
+            max: HumanDuration::secs(240),
+            reset_after: HumanDuration::secs(600),
+        };
         let base = Duration::from_secs(60);
         let got: Vec<_> = (0..4).map(|l| b.scaled(base, l).as_secs()).collect();
         assert_eq!(got, [60, 120, 240, 240]);

@@ -207,10 +207,12 @@ impl Decision {
             | Decision::Unblocked { model, .. }
             | Decision::Override { model, .. }
             | Decision::OverrideEnded { model, .. } => model.as_deref(),
-            Decision::AlertActive { condition, .. } => condition.as_ref().and_then(Condition::model),
-            Decision::AlertResolved { .. } | Decision::AlertIgnored { .. } | Decision::Published { .. } => {
-                None
+            Decision::AlertActive { condition, .. } => {
+                condition.as_ref().and_then(Condition::model)
             }
+            Decision::AlertResolved { .. }
+            | Decision::AlertIgnored { .. }
+            | Decision::Published { .. } => None,
         }
     }
 
@@ -241,7 +243,12 @@ fn or_all(model: &Option<String>) -> &str {
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Decision::AlertActive { fingerprint, alertname, condition, unmapped } => {
+            Decision::AlertActive {
+                fingerprint,
+                alertname,
+                condition,
+                unmapped,
+            } => {
                 let name = alertname.as_deref().unwrap_or("alert");
                 match (condition, unmapped) {
                     (Some(c), _) => write!(f, "{name} {fingerprint} active: {c}"),
@@ -249,7 +256,11 @@ impl fmt::Display for Decision {
                     (None, None) => write!(f, "{name} {fingerprint} active"),
                 }
             }
-            Decision::AlertResolved { fingerprint, alertname, by } => {
+            Decision::AlertResolved {
+                fingerprint,
+                alertname,
+                by,
+            } => {
                 let name = alertname.as_deref().unwrap_or("alert");
                 let by = match by {
                     ResolvedBy::Notification => "resolved",
@@ -258,50 +269,105 @@ impl fmt::Display for Decision {
                 };
                 write!(f, "{name} {fingerprint} {by}")
             }
-            Decision::AlertIgnored { fingerprint, why } => write!(f, "alert {fingerprint} ignored: {why}"),
-            Decision::Transition { model, from, to, pool, alias, rule } => {
+            Decision::AlertIgnored { fingerprint, why } => {
+                write!(f, "alert {fingerprint} ignored: {why}")
+            }
+            Decision::Transition {
+                model,
+                from,
+                to,
+                pool,
+                alias,
+                rule,
+            } => {
                 write!(f, "{model}: {from} -> {to} (pool {pool}")?;
                 if let Some(a) = alias {
                     write!(f, ", alias {a}")?;
                 }
                 f.write_str(") ")?;
                 match rule {
-                    Rule::Escalate { conditions, .. } => write!(f, "escalated: {}", conditions.join("; ")),
-                    Rule::Deescalate { clear_for, recover_after, .. } => {
-                        write!(f, "recovered: clear for {clear_for} (window {recover_after})")
+                    Rule::Escalate { conditions, .. } => {
+                        write!(f, "escalated: {}", conditions.join("; "))
+                    }
+                    Rule::Deescalate {
+                        clear_for,
+                        recover_after,
+                        ..
+                    } => {
+                        write!(
+                            f,
+                            "recovered: clear for {clear_for} (window {recover_after})"
+                        )
                     }
                     Rule::Forced { reason } => write!(f, "forced by operator: {reason}"),
                     Rule::FlapHold => f.write_str("held by the flap guard"),
                 }
             }
-            Decision::PoolChanged { model, from, to, why } => {
+            Decision::PoolChanged {
+                model,
+                from,
+                to,
+                why,
+            } => {
                 write!(f, "{model}: pool {from} -> {to}: {why}")
             }
-            Decision::FlapPinned { model, rung, until, transitions, window } => write!(
+            Decision::FlapPinned {
+                model,
+                rung,
+                until,
+                transitions,
+                window,
+            } => write!(
                 f,
                 "{model}: flapping ({transitions} transitions in {window}); pinned at {rung} until {until}"
             ),
             Decision::PinEnded { model } => write!(f, "{model}: flap hold ended"),
-            Decision::Blocked { endpoint, model, ttl, strikes, reason, .. } => write!(
+            Decision::Blocked {
+                endpoint,
+                model,
+                ttl,
+                strikes,
+                reason,
+                ..
+            } => write!(
                 f,
                 "blocked {endpoint} for {} for {ttl} (strike {strikes}): {reason}",
                 or_all(model)
             ),
-            Decision::BlockSkipped { endpoint, model, why } => {
+            Decision::BlockSkipped {
+                endpoint,
+                model,
+                why,
+            } => {
                 write!(f, "not blocking {endpoint} for {}: {why}", or_all(model))
             }
-            Decision::Unblocked { endpoint, model, why } => {
+            Decision::Unblocked {
+                endpoint,
+                model,
+                why,
+            } => {
                 write!(f, "unblocked {endpoint} for {}: {why}", or_all(model))
             }
-            Decision::Override { action, detail, reason, .. } => {
+            Decision::Override {
+                action,
+                detail,
+                reason,
+                ..
+            } => {
                 write!(f, "{action}: {detail} (reason: {reason})")
             }
             Decision::OverrideEnded { action, model } => match model {
                 Some(m) => write!(f, "{action} of {m} ended (ttl)"),
                 None => write!(f, "{action} ended (ttl)"),
             },
-            Decision::Published { version, lease_renewal: false } => write!(f, "published version {version}"),
-            Decision::Published { version, lease_renewal: true } => {
+            Decision::Published {
+                version,
+                lease_renewal: false,
+            } => write!(f, "published version {version}"),
+            Decision::Published {
+                version,
+                lease_renewal: true,
+            } => {
                 write!(f, "published version {version} (lease renewal)")
             }
         }

@@ -18,7 +18,9 @@ use crate::config::Config;
 use crate::decision::{Decision, ResolvedBy};
 use crate::ladder::{self, Ctx, Health};
 use crate::mapping::{Condition, Mapper};
-use crate::state::{AlertRecord, BlockKey, BlockSource, EngineState, ModelState, Published, Tombstone};
+use crate::state::{
+    AlertRecord, BlockKey, BlockSource, EngineState, ModelState, Published, Tombstone,
+};
 
 /// Resolved alerts remembered at most, whatever their age.
 const MAX_TOMBSTONES: usize = 10_000;
@@ -160,10 +162,15 @@ impl Engine {
     /// re-mapped under the current config.
     pub fn new(config: Config, mut state: EngineState, now: Timestamp) -> Engine {
         let mapper = Mapper::new(&config);
-        state.models.retain(|name, _| config.models.contains_key(name));
+        state
+            .models
+            .retain(|name, _| config.models.contains_key(name));
         for (name, model) in &config.models {
             let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
-            state.models.entry(name.clone()).or_insert_with(|| ModelState::new(primary, now));
+            state
+                .models
+                .entry(name.clone())
+                .or_insert_with(|| ModelState::new(primary, now));
         }
         for record in state.alerts.values_mut() {
             let mapped = mapper.map(&record.alert.labels);
@@ -177,7 +184,11 @@ impl Engine {
                 until: None,
             });
         }
-        Engine { config, mapper, state }
+        Engine {
+            config,
+            mapper,
+            state,
+        }
     }
 
     /// The configuration in force.
@@ -197,43 +208,7 @@ impl Engine {
 
     /// Checks an override before it is journaled: the engine itself accepts anything.
     pub fn check_command(&self, command: &Command) -> Result<(), String> {
-        let model_known = |m: &str| {
-            if self.config.models.contains_key(m) {
-                Ok(())
-            } else {
-                Err(format!("model: {m:?} is not configured"))
-            }
-        };
-        let non_empty = |what: &str, v: &str| {
-            if v.trim().is_empty() { Err(format!("{what}: must not be empty")) } else { Ok(()) }
-        };
-        let positive = |ttl: &Option<HumanDuration>| match ttl {
-            Some(d) if d.0.is_zero() => Err("ttl: must be longer than 0s".to_owned()),
-            _ => Ok(()),
-        };
-        match command {
-            Command::Force { model, rung, ttl, .. } => {
-                model_known(model)?;
-                positive(ttl)?;
-                if *rung == Rung::Degraded && self.config.models[model].fallback.is_none() {
-                    return Err(format!("rung: {model} has no fallback model to degrade to"));
-                }
-                Ok(())
-            }
-            Command::Release { model, .. } => model_known(model),
-            Command::Freeze { model, ttl, .. } => {
-                model.as_deref().map_or(Ok(()), model_known)?;
-                positive(ttl)
-            }
-            Command::Thaw { model, .. } => model.as_deref().map_or(Ok(()), model_known),
-            Command::Block { endpoint, model, ttl, .. } => {
-                non_empty("endpoint", endpoint)?;
-                model.as_deref().map_or(Ok(()), model_known)?;
-                positive(ttl)
-            }
-            Command::Unblock { endpoint, .. } => non_empty("endpoint", endpoint),
-            Command::UnblockAll { .. } | Command::DryRun { .. } => Ok(()),
-        }
+        check_command(&self.config, command)
     }
 
     /// Acts on one input at time `now`.
@@ -258,7 +233,10 @@ impl Engine {
         if is_tick {
             self.prune(now);
         }
-        Step { changed: !is_tick || !out.is_empty(), decisions: out }
+        Step {
+            changed: !is_tick || !out.is_empty(),
+            decisions: out,
+        }
     }
 
     /// The published route table.
@@ -294,8 +272,16 @@ impl Engine {
             .into_iter()
             .flatten()
         });
-        let global = [&s.global_freeze, &s.dry_run].into_iter().flatten().filter_map(|o| o.until);
-        alerts.chain(blocks).chain(models).chain(global).chain([renew_at]).min()
+        let global = [&s.global_freeze, &s.dry_run]
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o.until);
+        alerts
+            .chain(blocks)
+            .chain(models)
+            .chain(global)
+            .chain([renew_at])
+            .min()
     }
 
     /// The rung the active conditions point `model` at (the verified ladder's target),
@@ -325,7 +311,11 @@ impl Engine {
                     force: st.force.clone(),
                     freeze: st.freeze.clone(),
                     pinned: st.pin.clone(),
-                    recover_after: HumanDuration(policy.backoff.scaled(policy.recover_after.0, st.backoff_level)),
+                    recover_after: HumanDuration(
+                        policy
+                            .backoff
+                            .scaled(policy.recover_after.0, st.backoff_level),
+                    ),
                     unhealthy_pools: st.unhealthy_pools.clone(),
                     alerts: st.alerts.clone(),
                 };
@@ -356,21 +346,35 @@ impl Engine {
             if st.force.as_ref().is_some_and(|f| due(f.info.until)) {
                 st.force = None;
                 st.since = now;
-                out.push(Decision::OverrideEnded { action: "force".into(), model: Some(name.clone()) });
+                out.push(Decision::OverrideEnded {
+                    action: "force".into(),
+                    model: Some(name.clone()),
+                });
             }
             if st.freeze.as_ref().is_some_and(|f| due(f.until)) {
                 st.freeze = None;
-                out.push(Decision::OverrideEnded { action: "freeze".into(), model: Some(name.clone()) });
+                out.push(Decision::OverrideEnded {
+                    action: "freeze".into(),
+                    model: Some(name.clone()),
+                });
             }
             if st.pin.as_ref().is_some_and(|p| p.until <= now) {
                 st.pin = None;
-                out.push(Decision::PinEnded { model: name.clone() });
+                out.push(Decision::PinEnded {
+                    model: name.clone(),
+                });
             }
         }
-        for (slot, action) in [(&mut self.state.global_freeze, "freeze"), (&mut self.state.dry_run, "dry-run")] {
+        for (slot, action) in [
+            (&mut self.state.global_freeze, "freeze"),
+            (&mut self.state.dry_run, "dry-run"),
+        ] {
             if slot.as_ref().is_some_and(|o| due(o.until)) {
                 *slot = None;
-                out.push(Decision::OverrideEnded { action: action.into(), model: None });
+                out.push(Decision::OverrideEnded {
+                    action: action.into(),
+                    model: None,
+                });
             }
         }
     }
@@ -383,7 +387,10 @@ impl Engine {
                     if t.starts_at >= alert.starts_at {
                         out.push(Decision::AlertIgnored {
                             fingerprint: fp,
-                            why: format!("already resolved at {}; a late or repeated firing notification", t.resolved_at),
+                            why: format!(
+                                "already resolved at {}; a late or repeated firing notification",
+                                t.resolved_at
+                            ),
                         });
                         return;
                     }
@@ -438,14 +445,22 @@ impl Engine {
                 Some(record) if alert.starts_at < record.alert.starts_at => {
                     out.push(Decision::AlertIgnored {
                         fingerprint: fp,
-                        why: "resolution of an older instance of an alert that fired again".to_owned(),
+                        why: "resolution of an older instance of an alert that fired again"
+                            .to_owned(),
                     });
                 }
                 Some(_) => self.resolve(fp, ResolvedBy::Notification, now, out),
                 None => {
-                    let newer = self.state.tombstones.get(&fp).is_none_or(|t| t.starts_at <= alert.starts_at);
+                    let newer = self
+                        .state
+                        .tombstones
+                        .get(&fp)
+                        .is_none_or(|t| t.starts_at <= alert.starts_at);
                     if newer {
-                        let tomb = Tombstone { starts_at: alert.starts_at, resolved_at: now };
+                        let tomb = Tombstone {
+                            starts_at: alert.starts_at,
+                            resolved_at: now,
+                        };
                         self.state.tombstones.insert(fp, tomb);
                     }
                 }
@@ -453,11 +468,21 @@ impl Engine {
         }
     }
 
-    fn resolve(&mut self, fp: Fingerprint, by: ResolvedBy, now: Timestamp, out: &mut Vec<Decision>) {
+    fn resolve(
+        &mut self,
+        fp: Fingerprint,
+        by: ResolvedBy,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+    ) {
         if let Some(record) = self.state.alerts.remove(&fp) {
-            self.state
-                .tombstones
-                .insert(fp, Tombstone { starts_at: record.alert.starts_at, resolved_at: now });
+            self.state.tombstones.insert(
+                fp,
+                Tombstone {
+                    starts_at: record.alert.starts_at,
+                    resolved_at: now,
+                },
+            );
             out.push(Decision::AlertResolved {
                 fingerprint: fp,
                 alertname: record.alertname().map(str::to_owned),
@@ -466,7 +491,13 @@ impl Engine {
         }
     }
 
-    fn reconcile(&mut self, alerts: Vec<IncomingAlert>, as_of: Timestamp, now: Timestamp, out: &mut Vec<Decision>) {
+    fn reconcile(
+        &mut self,
+        alerts: Vec<IncomingAlert>,
+        as_of: Timestamp,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+    ) {
         let listed: BTreeSet<Fingerprint> = alerts.iter().map(|a| a.fingerprint).collect();
         for alert in alerts {
             // Only alerts we have not seen: a listed alert we know needs no refresh.
@@ -479,7 +510,9 @@ impl Engine {
             .alerts
             .iter()
             .filter(|(fp, r)| {
-                r.alert.source == AlertSource::Alertmanager && r.received_at < as_of && !listed.contains(fp)
+                r.alert.source == AlertSource::Alertmanager
+                    && r.received_at < as_of
+                    && !listed.contains(fp)
             })
             .map(|(fp, _)| *fp)
             .collect();
@@ -493,7 +526,10 @@ impl Engine {
             .state
             .alerts
             .iter()
-            .filter(|(_, r)| r.alert.source == AlertSource::Prometheus && r.alert.ends_at.is_some_and(|e| e <= now))
+            .filter(|(_, r)| {
+                r.alert.source == AlertSource::Prometheus
+                    && r.alert.ends_at.is_some_and(|e| e <= now)
+            })
             .map(|(fp, _)| *fp)
             .collect();
         for fp in expired {
@@ -511,16 +547,25 @@ impl Engine {
 
     fn evaluate_blocks(&mut self, now: Timestamp, out: &mut Vec<Decision>) {
         let policy = &self.config.blocking;
-        let expired: Vec<BlockKey> =
-            self.state.blocks.iter().filter(|(_, b)| b.until <= now).map(|(k, _)| k.clone()).collect();
+        let expired: Vec<BlockKey> = self
+            .state
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.until <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
         for key in expired {
-            let Some(record) = self.state.blocks.remove(&key) else { continue };
+            let Some(record) = self.state.blocks.remove(&key) else {
+                continue;
+            };
             out.push(Decision::Unblocked {
                 endpoint: key.endpoint.clone(),
                 model: key.model.clone(),
                 why: "block time ended".to_owned(),
             });
-            let BlockSource::Alert(fp) = record.source else { continue };
+            let BlockSource::Alert(fp) = record.source else {
+                continue;
+            };
             let still_firing = self.state.alerts.get(&fp).is_some_and(|r| {
                 matches!(&r.condition, Some(Condition::BlockEndpoint { endpoint, model })
                     if *endpoint == key.endpoint && *model == key.model)
@@ -531,7 +576,8 @@ impl Engine {
             let refusal = if blocks::only_endpoint(&self.config, &key) {
                 Some("it is the only endpoint of its pool; not extending the block".to_owned())
             } else {
-                self.frozen(key.model.as_deref()).map(|why| format!("frozen ({why})"))
+                self.frozen(key.model.as_deref())
+                    .map(|why| format!("frozen ({why})"))
             };
             match refusal {
                 Some(why) => out.push(Decision::BlockSkipped {
@@ -541,7 +587,16 @@ impl Engine {
                 }),
                 None => {
                     let reason = format!("{} still failing; extended", key.endpoint);
-                    blocks::block(&mut self.state, policy, key, reason, record.source, None, now, out);
+                    blocks::block(
+                        &mut self.state,
+                        policy,
+                        key,
+                        reason,
+                        record.source,
+                        None,
+                        now,
+                        out,
+                    );
                 }
             }
         }
@@ -553,7 +608,10 @@ impl Engine {
             .filter_map(|(fp, r)| match &r.condition {
                 Some(c @ Condition::BlockEndpoint { endpoint, model }) => Some((
                     *fp,
-                    BlockKey { endpoint: endpoint.clone(), model: model.clone() },
+                    BlockKey {
+                        endpoint: endpoint.clone(),
+                        model: model.clone(),
+                    },
                     format!("{} ({c})", r.alertname().unwrap_or("alert")),
                 )),
                 _ => None,
@@ -567,14 +625,27 @@ impl Engine {
             if let Some(record) = self.state.alerts.get_mut(&fp) {
                 record.block_applied = true;
             }
-            if let Some(pattern) = policy.never_block.iter().find(|p| blocks::glob_match(p, &key.endpoint)) {
+            if let Some(pattern) = policy
+                .never_block
+                .iter()
+                .find(|p| blocks::glob_match(p, &key.endpoint))
+            {
                 out.push(Decision::BlockSkipped {
                     endpoint: key.endpoint,
                     model: key.model,
                     why: format!("matches never-block pattern {pattern:?}"),
                 });
             } else if !self.state.blocks.contains_key(&key) {
-                blocks::block(&mut self.state, policy, key, reason, BlockSource::Alert(fp), None, now, out);
+                blocks::block(
+                    &mut self.state,
+                    policy,
+                    key,
+                    reason,
+                    BlockSource::Alert(fp),
+                    None,
+                    now,
+                    out,
+                );
             }
         }
     }
@@ -584,8 +655,16 @@ impl Engine {
         for (name, model) in &self.config.models {
             let plan = ladder::plan(name, model, &health, &self.config.models);
             let frozen = self.frozen(Some(name));
-            let Some(st) = self.state.models.get_mut(name) else { continue };
-            let cx = Ctx { name, model, policy: &self.config.ladder, plan: &plan, now };
+            let Some(st) = self.state.models.get_mut(name) else {
+                continue;
+            };
+            let cx = Ctx {
+                name,
+                model,
+                policy: &self.config.ladder,
+                plan: &plan,
+                now,
+            };
             ladder::evaluate(st, frozen.as_deref(), &cx, out);
         }
     }
@@ -624,7 +703,11 @@ impl Engine {
                 reason: b.reason.clone(),
             })
             .collect();
-        Published { models, blocked, lease_until }
+        Published {
+            models,
+            blocked,
+            lease_until,
+        }
     }
 
     fn publish(&mut self, now: Timestamp, out: &mut Vec<Decision>) {
@@ -648,15 +731,24 @@ impl Engine {
         self.state.published = published;
         self.state.version += 1;
         self.state.generated_at = now;
-        out.push(Decision::Published { version: self.state.version, lease_renewal });
+        out.push(Decision::Published {
+            version: self.state.version,
+            lease_renewal,
+        });
     }
 
     fn prune(&mut self, now: Timestamp) {
         let keep = self.config.alerts.remember_resolved.0;
-        self.state.tombstones.retain(|_, t| now.since(t.resolved_at) <= keep);
+        self.state
+            .tombstones
+            .retain(|_, t| now.since(t.resolved_at) <= keep);
         if self.state.tombstones.len() > MAX_TOMBSTONES {
-            let mut by_age: Vec<(Timestamp, Fingerprint)> =
-                self.state.tombstones.iter().map(|(fp, t)| (t.resolved_at, *fp)).collect();
+            let mut by_age: Vec<(Timestamp, Fingerprint)> = self
+                .state
+                .tombstones
+                .iter()
+                .map(|(fp, t)| (t.resolved_at, *fp))
+                .collect();
             by_age.sort_unstable();
             let excess = by_age.len() - MAX_TOMBSTONES;
             for (_, fp) in by_age.into_iter().take(excess) {
@@ -665,7 +757,9 @@ impl Engine {
         }
         let reset = self.config.blocking.backoff.reset_after.0;
         let blocks = &self.state.blocks;
-        self.state.strikes.retain(|k, s| blocks.contains_key(k) || now.since(s.last) <= reset);
+        self.state
+            .strikes
+            .retain(|k, s| blocks.contains_key(k) || now.since(s.last) <= reset);
     }
 
     fn command(&mut self, command: Command, now: Timestamp, out: &mut Vec<Decision>) {
@@ -674,7 +768,8 @@ impl Engine {
             since: now,
             until: ttl.map(|d| now + d.0),
         };
-        let until_text = |ttl: Option<HumanDuration>| ttl.map_or_else(String::new, |d| format!(" for {d}"));
+        let until_text =
+            |ttl: Option<HumanDuration>| ttl.map_or_else(String::new, |d| format!(" for {d}"));
         let mut record = |action: &str, model: Option<&str>, detail: String, reason: &str| {
             out.push(Decision::Override {
                 action: action.to_owned(),
@@ -684,52 +779,130 @@ impl Engine {
             });
         };
         match command {
-            Command::Force { model, rung, ttl, reason } => {
-                let Some(st) = self.state.models.get_mut(&model) else { return };
-                st.force = Some(ForceInfo { rung, info: info(&reason, ttl) });
-                record("force", Some(&model), format!("{model} pinned at {rung}{}", until_text(ttl)), &reason);
+            Command::Force {
+                model,
+                rung,
+                ttl,
+                reason,
+            } => {
+                let Some(st) = self.state.models.get_mut(&model) else {
+                    return;
+                };
+                st.force = Some(ForceInfo {
+                    rung,
+                    info: info(&reason, ttl),
+                });
+                record(
+                    "force",
+                    Some(&model),
+                    format!("{model} pinned at {rung}{}", until_text(ttl)),
+                    &reason,
+                );
             }
             Command::Release { model, reason } => {
-                let Some(st) = self.state.models.get_mut(&model) else { return };
+                let Some(st) = self.state.models.get_mut(&model) else {
+                    return;
+                };
                 if st.force.take().is_some() {
                     // Automation resumes from the forced rung, which it must hold a full dwell.
                     st.since = now;
-                    record("release", Some(&model), format!("{model} released to automation"), &reason);
+                    record(
+                        "release",
+                        Some(&model),
+                        format!("{model} released to automation"),
+                        &reason,
+                    );
                 }
             }
-            Command::Freeze { model: Some(model), ttl, reason } => {
-                let Some(st) = self.state.models.get_mut(&model) else { return };
+            Command::Freeze {
+                model: Some(model),
+                ttl,
+                reason,
+            } => {
+                let Some(st) = self.state.models.get_mut(&model) else {
+                    return;
+                };
                 st.freeze = Some(info(&reason, ttl));
-                record("freeze", Some(&model), format!("{model} frozen{}", until_text(ttl)), &reason);
+                record(
+                    "freeze",
+                    Some(&model),
+                    format!("{model} frozen{}", until_text(ttl)),
+                    &reason,
+                );
             }
-            Command::Freeze { model: None, ttl, reason } => {
+            Command::Freeze {
+                model: None,
+                ttl,
+                reason,
+            } => {
                 self.state.global_freeze = Some(info(&reason, ttl));
-                record("freeze", None, format!("every model frozen{}", until_text(ttl)), &reason);
+                record(
+                    "freeze",
+                    None,
+                    format!("every model frozen{}", until_text(ttl)),
+                    &reason,
+                );
             }
-            Command::Thaw { model: Some(model), reason } => {
-                let Some(st) = self.state.models.get_mut(&model) else { return };
+            Command::Thaw {
+                model: Some(model),
+                reason,
+            } => {
+                let Some(st) = self.state.models.get_mut(&model) else {
+                    return;
+                };
                 if st.freeze.take().is_some() {
                     record("thaw", Some(&model), format!("{model} thawed"), &reason);
                 }
             }
-            Command::Thaw { model: None, reason } => {
+            Command::Thaw {
+                model: None,
+                reason,
+            } => {
                 if self.state.global_freeze.take().is_some() {
                     record("thaw", None, "global freeze ended".to_owned(), &reason);
                 }
             }
-            Command::Block { endpoint, model, ttl, reason } => {
+            Command::Block {
+                endpoint,
+                model,
+                ttl,
+                reason,
+            } => {
                 let key = BlockKey { endpoint, model };
-                record("block", key.model.as_deref(), format!("{key} blocked by operator"), &reason);
+                record(
+                    "block",
+                    key.model.as_deref(),
+                    format!("{key} blocked by operator"),
+                    &reason,
+                );
                 let fixed = Some(ttl.map_or(self.config.blocking.ttl.0, |d| d.0));
                 let policy = &self.config.blocking;
-                blocks::block(&mut self.state, policy, key, reason, BlockSource::Operator, fixed, now, out);
+                blocks::block(
+                    &mut self.state,
+                    policy,
+                    key,
+                    reason,
+                    BlockSource::Operator,
+                    fixed,
+                    now,
+                    out,
+                );
             }
-            Command::Unblock { endpoint, model, reason } => {
+            Command::Unblock {
+                endpoint,
+                model,
+                reason,
+            } => {
                 let key = BlockKey { endpoint, model };
                 if self.state.blocks.remove(&key).is_some() {
                     self.state.strikes.remove(&key);
                     self.suppress_block_alerts(|k| *k == key);
-                    record("unblock", key.model.as_deref(), format!("{key} unblocked"), &reason);
+                    record(
+                        "unblock",
+                        key.model.as_deref(),
+                        format!("{key} unblocked"),
+                        &reason,
+                    );
                     out.push(Decision::Unblocked {
                         endpoint: key.endpoint,
                         model: key.model,
@@ -741,7 +914,12 @@ impl Engine {
                 let lifted = std::mem::take(&mut self.state.blocks);
                 self.state.strikes.clear();
                 self.suppress_block_alerts(|_| true);
-                record("unblock-all", None, format!("{} block(s) lifted", lifted.len()), &reason);
+                record(
+                    "unblock-all",
+                    None,
+                    format!("{} block(s) lifted", lifted.len()),
+                    &reason,
+                );
                 for key in lifted.into_keys() {
                     out.push(Decision::Unblocked {
                         endpoint: key.endpoint,
@@ -754,10 +932,20 @@ impl Engine {
                 let was = self.state.dry_run.is_some();
                 if enabled && !was {
                     self.state.dry_run = Some(info(&reason, None));
-                    record("dry-run", None, "dry-run on: decisions are reported, not published".into(), &reason);
+                    record(
+                        "dry-run",
+                        None,
+                        "dry-run on: decisions are reported, not published".into(),
+                        &reason,
+                    );
                 } else if !enabled && was {
                     self.state.dry_run = None;
-                    record("dry-run", None, "dry-run off: decisions are published again".into(), &reason);
+                    record(
+                        "dry-run",
+                        None,
+                        "dry-run off: decisions are published again".into(),
+                        &reason,
+                    );
                 }
             }
         }
@@ -768,10 +956,67 @@ impl Engine {
     fn suppress_block_alerts(&mut self, matches: impl Fn(&BlockKey) -> bool) {
         for record in self.state.alerts.values_mut() {
             if let Some(Condition::BlockEndpoint { endpoint, model }) = &record.condition {
-                if matches(&BlockKey { endpoint: endpoint.clone(), model: model.clone() }) {
+                if matches(&BlockKey {
+                    endpoint: endpoint.clone(),
+                    model: model.clone(),
+                }) {
                     record.block_applied = true;
                 }
             }
         }
+    }
+}
+
+/// Checks an override against `config` before it is journaled: unknown models, a
+/// degraded rung without a fallback, empty endpoints and zero TTLs are refused with
+/// the field named. The engine itself accepts anything.
+pub fn check_command(config: &Config, command: &Command) -> Result<(), String> {
+    let model_known = |m: &str| {
+        if config.models.contains_key(m) {
+            Ok(())
+        } else {
+            Err(format!("model: {m:?} is not configured"))
+        }
+    };
+    let non_empty = |what: &str, v: &str| {
+        if v.trim().is_empty() {
+            Err(format!("{what}: must not be empty"))
+        } else {
+            Ok(())
+        }
+    };
+    let positive = |ttl: &Option<HumanDuration>| match ttl {
+        Some(d) if d.0.is_zero() => Err("ttl: must be longer than 0s".to_owned()),
+        _ => Ok(()),
+    };
+    match command {
+        Command::Force {
+            model, rung, ttl, ..
+        } => {
+            model_known(model)?;
+            positive(ttl)?;
+            if *rung == Rung::Degraded && config.models[model].fallback.is_none() {
+                return Err(format!("rung: {model} has no fallback model to degrade to"));
+            }
+            Ok(())
+        }
+        Command::Release { model, .. } => model_known(model),
+        Command::Freeze { model, ttl, .. } => {
+            model.as_deref().map_or(Ok(()), model_known)?;
+            positive(ttl)
+        }
+        Command::Thaw { model, .. } => model.as_deref().map_or(Ok(()), model_known),
+        Command::Block {
+            endpoint,
+            model,
+            ttl,
+            ..
+        } => {
+            non_empty("endpoint", endpoint)?;
+            model.as_deref().map_or(Ok(()), model_known)?;
+            positive(ttl)
+        }
+        Command::Unblock { endpoint, .. } => non_empty("endpoint", endpoint),
+        Command::UnblockAll { .. } | Command::DryRun { .. } => Ok(()),
     }
 }

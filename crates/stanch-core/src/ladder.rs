@@ -28,7 +28,9 @@ pub(crate) struct Health {
 }
 
 impl Health {
-    pub(crate) fn from_alerts<'a>(alerts: impl IntoIterator<Item = (&'a Fingerprint, &'a AlertRecord)>) -> Health {
+    pub(crate) fn from_alerts<'a>(
+        alerts: impl IntoIterator<Item = (&'a Fingerprint, &'a AlertRecord)>,
+    ) -> Health {
         let mut h = Health::default();
         for (fp, record) in alerts {
             match &record.condition {
@@ -48,7 +50,9 @@ impl Health {
                     }
                     entry.1.push(*fp);
                 }
-                Some(Condition::Static { model }) => h.statics.entry(model.clone()).or_default().push(*fp),
+                Some(Condition::Static { model }) => {
+                    h.statics.entry(model.clone()).or_default().push(*fp)
+                }
                 Some(Condition::BlockEndpoint { .. }) | None => {}
             }
         }
@@ -64,9 +68,11 @@ impl Health {
     fn model_healthy(&self, model: &str, models: &BTreeMap<String, ModelConfig>) -> bool {
         !self.statics.contains_key(model)
             && !self.saturated.contains_key(model)
-            && models
-                .get(model)
-                .is_some_and(|m| m.pools.iter().any(|p| self.pool_down(model, p.name()).is_none()))
+            && models.get(model).is_some_and(|m| {
+                m.pools
+                    .iter()
+                    .any(|p| self.pool_down(model, p.name()).is_none())
+            })
     }
 }
 
@@ -108,13 +114,19 @@ pub(crate) fn plan(
                 conditions.push(format!("pool {} failing", pool.name()));
                 alerts.extend(fps);
             }
-            None if first_healthy_pool.is_none() => first_healthy_pool = Some(pool.name().to_owned()),
+            None if first_healthy_pool.is_none() => {
+                first_healthy_pool = Some(pool.name().to_owned())
+            }
             None => {}
         }
     }
     let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
     let primary_healthy = !unhealthy_pools.iter().any(|p| p == primary);
-    let mut required = if primary_healthy { Rung::Normal } else { Rung::Failover };
+    let mut required = if primary_healthy {
+        Rung::Normal
+    } else {
+        Rung::Failover
+    };
     let saturated = health.saturated.get(name);
     if let Some((_, fps)) = saturated {
         required = required.max(Rung::Degraded);
@@ -126,8 +138,12 @@ pub(crate) fn plan(
         conditions.push("failing everywhere (static fallback asked for)".to_owned());
         alerts.extend(fps);
     }
-    let alias = saturated.and_then(|(fb, _)| fb.clone()).or_else(|| model.fallback.clone());
-    let alias_healthy = alias.as_deref().is_some_and(|a| health.model_healthy(a, models));
+    let alias = saturated
+        .and_then(|(fb, _)| fb.clone())
+        .or_else(|| model.fallback.clone());
+    let alias_healthy = alias
+        .as_deref()
+        .is_some_and(|a| health.model_healthy(a, models));
     if required >= Rung::Failover && required <= Rung::Degraded && !alias_healthy {
         match &alias {
             Some(a) => conditions.push(format!("fallback {a} unhealthy")),
@@ -137,19 +153,38 @@ pub(crate) fn plan(
             None => {}
         }
     }
-    let viable = [primary_healthy, first_healthy_pool.is_some(), alias_healthy, true];
+    let viable = [
+        primary_healthy,
+        first_healthy_pool.is_some(),
+        alias_healthy,
+        true,
+    ];
     let target = (required.index()..4)
         .find(|&r| viable[r])
         .and_then(Rung::from_index)
         .unwrap_or(Rung::Static);
     alerts.sort_unstable();
     alerts.dedup();
-    Plan { required, target, viable, first_healthy_pool, alias, unhealthy_pools, conditions, alerts }
+    Plan {
+        required,
+        target,
+        viable,
+        first_healthy_pool,
+        alias,
+        unhealthy_pools,
+        conditions,
+        alerts,
+    }
 }
 
 /// The pool and alias a model has on `rung`: the primary when normal; otherwise the
 /// current pool while it stays healthy (no needless moves), else the first healthy one.
-fn route_for(current_pool: &str, rung: Rung, model: &ModelConfig, plan: &Plan) -> (String, Option<String>) {
+fn route_for(
+    current_pool: &str,
+    rung: Rung,
+    model: &ModelConfig,
+    plan: &Plan,
+) -> (String, Option<String>) {
     let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
     let pool = if rung == Rung::Normal {
         primary.to_owned()
@@ -158,9 +193,13 @@ fn route_for(current_pool: &str, rung: Rung, model: &ModelConfig, plan: &Plan) -
     {
         current_pool.to_owned()
     } else {
-        plan.first_healthy_pool.clone().unwrap_or_else(|| primary.to_owned())
+        plan.first_healthy_pool
+            .clone()
+            .unwrap_or_else(|| primary.to_owned())
     };
-    let alias = (rung == Rung::Degraded).then(|| plan.alias.clone().or_else(|| model.fallback.clone())).flatten();
+    let alias = (rung == Rung::Degraded)
+        .then(|| plan.alias.clone().or_else(|| model.fallback.clone()))
+        .flatten();
     (pool, alias)
 }
 
@@ -174,7 +213,12 @@ pub(crate) struct Ctx<'a> {
 }
 
 /// Moves one model per its plan, recording what it did in `out`.
-pub(crate) fn evaluate(st: &mut ModelState, frozen_by: Option<&str>, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
+pub(crate) fn evaluate(
+    st: &mut ModelState,
+    frozen_by: Option<&str>,
+    cx: &Ctx<'_>,
+    out: &mut Vec<Decision>,
+) {
     let now = cx.now;
     for r in 1..4 {
         if cx.plan.target.index() >= r {
@@ -190,7 +234,16 @@ pub(crate) fn evaluate(st: &mut ModelState, frozen_by: Option<&str>, cx: &Ctx<'_
     if let Some(force) = &st.force {
         let (rung, reason) = (force.rung, force.info.reason.clone());
         if st.rung != rung {
-            move_to(st, rung, Rule::Forced { reason: reason.clone() }, false, cx, out);
+            move_to(
+                st,
+                rung,
+                Rule::Forced {
+                    reason: reason.clone(),
+                },
+                false,
+                cx,
+                out,
+            );
         }
         refresh_pool(st, cx, out);
         st.reason = format!("forced to {rung} by operator: {reason}");
@@ -238,13 +291,22 @@ pub(crate) fn evaluate(st: &mut ModelState, frozen_by: Option<&str>, cx: &Ctx<'_
     st.reason = if !cx.plan.conditions.is_empty() {
         cx.plan.conditions.join("; ")
     } else if st.rung != Rung::Normal {
-        let window = cx.policy.backoff.scaled(cx.policy.recover_after.0, st.backoff_level);
-        format!("recovering: conditions clear; steps down after a {} window", HumanDuration(window))
+        let window = cx
+            .policy
+            .backoff
+            .scaled(cx.policy.recover_after.0, st.backoff_level);
+        format!(
+            "recovering: conditions clear; steps down after a {} window",
+            HumanDuration(window)
+        )
     } else {
         "healthy".to_owned()
     };
     if let Some(pin) = &st.pin {
-        st.reason = format!("{}; held at {} or above by the flap guard until {}", st.reason, pin.rung, pin.until);
+        st.reason = format!(
+            "{}; held at {} or above by the flap guard until {}",
+            st.reason, pin.rung, pin.until
+        );
     }
 }
 
@@ -260,9 +322,14 @@ fn next_step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp, Rul
     }
     // The highest viable rung below the current one: a rung whose target is unhealthy
     // is never a place to stop, so the step passes over it.
-    let to = (lowest.index()..st.rung.index()).rev().find(|&r| cx.plan.viable[r])?;
+    let to = (lowest.index()..st.rung.index())
+        .rev()
+        .find(|&r| cx.plan.viable[r])?;
     let clear_from = st.clear_since[to + 1]?;
-    let window = cx.policy.backoff.scaled(cx.policy.recover_after.0, st.backoff_level);
+    let window = cx
+        .policy
+        .backoff
+        .scaled(cx.policy.recover_after.0, st.backoff_level);
     let min_dwell = cx.policy.min_dwell.0;
     let ready_at = (clear_from + window).max(st.since + min_dwell);
     let rule = Rule::Deescalate {
@@ -270,33 +337,62 @@ fn next_step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp, Rul
         recover_after: HumanDuration(window),
         held_for: HumanDuration(cx.now.since(st.since)),
         min_dwell: HumanDuration(min_dwell),
-        unviable: (to + 1..st.rung.index()).filter_map(Rung::from_index).collect(),
+        unviable: (to + 1..st.rung.index())
+            .filter_map(Rung::from_index)
+            .collect(),
     };
     Some((Rung::from_index(to)?, ready_at, rule))
 }
 
-fn move_to(st: &mut ModelState, to: Rung, rule: Rule, counts: bool, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
+fn move_to(
+    st: &mut ModelState,
+    to: Rung,
+    rule: Rule,
+    counts: bool,
+    cx: &Ctx<'_>,
+    out: &mut Vec<Decision>,
+) {
     let from = st.rung;
     let (pool, alias) = route_for(&st.pool, to, cx.model, cx.plan);
     st.rung = to;
     st.since = cx.now;
     st.pool.clone_from(&pool);
     st.alias.clone_from(&alias);
-    out.push(Decision::Transition { model: cx.name.to_owned(), from, to, pool, alias, rule });
+    out.push(Decision::Transition {
+        model: cx.name.to_owned(),
+        from,
+        to,
+        pool,
+        alias,
+        rule,
+    });
     if !counts {
         return;
     }
     let window = cx.policy.flap.window.0;
     st.transitions.push_back((cx.now, from, to));
-    while st.transitions.front().is_some_and(|(t, _, _)| cx.now.since(*t) > window) {
+    while st
+        .transitions
+        .front()
+        .is_some_and(|(t, _, _)| cx.now.since(*t) > window)
+    {
         st.transitions.pop_front();
     }
     let swings = swings(&st.transitions);
     if st.pin.is_none() && swings > cx.policy.flap.max_transitions {
-        let high = st.transitions.iter().map(|(_, a, b)| (*a).max(*b)).max().unwrap_or(to);
+        let high = st
+            .transitions
+            .iter()
+            .map(|(_, a, b)| (*a).max(*b))
+            .max()
+            .unwrap_or(to);
         let until = cx.now + cx.policy.flap.hold.0;
         let transitions = swings;
-        st.pin = Some(PinInfo { rung: high, until, transitions });
+        st.pin = Some(PinInfo {
+            rung: high,
+            until,
+            transitions,
+        });
         out.push(Decision::FlapPinned {
             model: cx.name.to_owned(),
             rung: high,

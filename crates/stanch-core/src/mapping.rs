@@ -42,7 +42,9 @@ impl Action {
 
 /// The error for an unknown action name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown action {0:?}: expected trigger-failover, trigger-model-degradation, trigger-static-fallback or block-endpoint")]
+#[error(
+    "unknown action {0:?}: expected trigger-failover, trigger-model-degradation, trigger-static-fallback or block-endpoint"
+)]
 pub struct UnknownAction(String);
 
 impl FromStr for Action {
@@ -108,15 +110,27 @@ impl fmt::Display for Condition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Condition::PoolDown { model, pool } => write!(f, "{model} pool {pool} failing"),
-            Condition::Saturated { model, fallback: Some(fb) } => {
+            Condition::Saturated {
+                model,
+                fallback: Some(fb),
+            } => {
                 write!(f, "{model} saturated (fallback {fb})")
             }
-            Condition::Saturated { model, fallback: None } => write!(f, "{model} saturated"),
+            Condition::Saturated {
+                model,
+                fallback: None,
+            } => write!(f, "{model} saturated"),
             Condition::Static { model } => write!(f, "{model} failing everywhere"),
-            Condition::BlockEndpoint { endpoint, model: Some(m) } => {
+            Condition::BlockEndpoint {
+                endpoint,
+                model: Some(m),
+            } => {
                 write!(f, "endpoint {endpoint} failing for {m}")
             }
-            Condition::BlockEndpoint { endpoint, model: None } => {
+            Condition::BlockEndpoint {
+                endpoint,
+                model: None,
+            } => {
                 write!(f, "endpoint {endpoint} failing")
             }
         }
@@ -179,8 +193,10 @@ impl Matcher {
             .unwrap_or_else(|| value.to_owned());
         let regex = |v: &str| {
             // Anchored, as Prometheus and Alertmanager anchor label regexes.
-            Regex::new(&format!("^(?:{v})$"))
-                .map_err(|e| BadMatcher::Regex { matcher: raw.to_owned(), error: e.to_string() })
+            Regex::new(&format!("^(?:{v})$")).map_err(|e| BadMatcher::Regex {
+                matcher: raw.to_owned(),
+                error: e.to_string(),
+            })
         };
         let op = match op {
             "=" => MatchOp::Equal(value),
@@ -188,7 +204,10 @@ impl Matcher {
             "=~" => MatchOp::Regex(regex(&value)?),
             _ => MatchOp::NotRegex(regex(&value)?),
         };
-        Ok(Matcher { name: name.to_owned(), op })
+        Ok(Matcher {
+            name: name.to_owned(),
+            op,
+        })
     }
 
     /// True when `labels` satisfy the matcher (a missing label reads as "").
@@ -232,7 +251,12 @@ impl Mapper {
             .filter_map(|m| {
                 Some(Rule {
                     action: m.action.parse().ok()?,
-                    matchers: m.matchers.iter().map(|r| Matcher::parse(r)).collect::<Result<_, _>>().ok()?,
+                    matchers: m
+                        .matchers
+                        .iter()
+                        .map(|r| Matcher::parse(r))
+                        .collect::<Result<_, _>>()
+                        .ok()?,
                     config: m.clone(),
                 })
             })
@@ -240,7 +264,12 @@ impl Mapper {
         let models = config
             .models
             .iter()
-            .map(|(name, m)| (name.clone(), m.pools.iter().map(|p| p.name().to_owned()).collect()))
+            .map(|(name, m)| {
+                (
+                    name.clone(),
+                    m.pools.iter().map(|p| p.name().to_owned()).collect(),
+                )
+            })
             .collect();
         Mapper { rules, models }
     }
@@ -274,7 +303,8 @@ impl Mapper {
     fn seed(&self, action: Action, labels: &Labels) -> Result<Condition, Unmapped> {
         let label = |name: &str| labels.get(name).filter(|v| !v.is_empty()).cloned();
         let need = |name: &str| {
-            label(name).ok_or_else(|| Unmapped(format!("{} needs the label {name}", action.as_str())))
+            label(name)
+                .ok_or_else(|| Unmapped(format!("{} needs the label {name}", action.as_str())))
         };
         self.build(
             action,
@@ -290,14 +320,22 @@ impl Mapper {
         let c = &rule.config;
         let from = |literal: &Option<String>, label: &Option<String>| -> Option<String> {
             literal.clone().or_else(|| {
-                label.as_ref().and_then(|l| labels.get(l)).filter(|v| !v.is_empty()).cloned()
+                label
+                    .as_ref()
+                    .and_then(|l| labels.get(l))
+                    .filter(|v| !v.is_empty())
+                    .cloned()
             })
         };
         let target = from(&c.target_model, &c.target_model_label);
         let named = format!("mapping {:?}", c.name);
         self.build(
             rule.action,
-            || target.clone().ok_or_else(|| Unmapped(format!("{named}: alert lacks the target model label"))),
+            || {
+                target
+                    .clone()
+                    .ok_or_else(|| Unmapped(format!("{named}: alert lacks the target model label")))
+            },
             c.fallback_model.clone(),
             from(&c.pool, &c.pool_label),
             || {
@@ -325,7 +363,9 @@ impl Mapper {
                 let pool = match pool {
                     None => pools.first().cloned().unwrap_or_default(),
                     Some(p) if pools.contains(&p) => p,
-                    Some(p) => return Err(Unmapped(format!("pool {p:?} is not a pool of {model}"))),
+                    Some(p) => {
+                        return Err(Unmapped(format!("pool {p:?} is not a pool of {model}")));
+                    }
                 };
                 Condition::PoolDown { model, pool }
             }
@@ -333,9 +373,9 @@ impl Mapper {
                 model: self.known_model(&target()?)?,
                 fallback: fallback.map(|f| self.known_model(&f)).transpose()?,
             },
-            Action::TriggerStaticFallback => {
-                Condition::Static { model: self.known_model(&target()?)? }
-            }
+            Action::TriggerStaticFallback => Condition::Static {
+                model: self.known_model(&target()?)?,
+            },
             Action::BlockEndpoint => Condition::BlockEndpoint {
                 endpoint: endpoint()?,
                 model: optional_model.map(|m| self.known_model(&m)).transpose()?,
@@ -349,7 +389,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn mapper(extra: &str) -> Mapper {
@@ -363,8 +406,15 @@ mod tests {
     fn seed_convention() {
         let m = mapper("");
         assert_eq!(
-            m.map(&labels(&[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-a")])),
-            Ok(Condition::PoolDown { model: "qwen-72b".into(), pool: "dc-a".into() })
+            m.map(&labels(&[
+                ("action", "trigger-failover"),
+                ("target_model", "qwen-72b"),
+                ("pool", "dc-a")
+            ])),
+            Ok(Condition::PoolDown {
+                model: "qwen-72b".into(),
+                pool: "dc-a".into()
+            })
         );
         assert_eq!(
             m.map(&labels(&[
@@ -372,11 +422,20 @@ mod tests {
                 ("target_model", "qwen-72b"),
                 ("fallback_model", "qwen-14b")
             ])),
-            Ok(Condition::Saturated { model: "qwen-72b".into(), fallback: Some("qwen-14b".into()) })
+            Ok(Condition::Saturated {
+                model: "qwen-72b".into(),
+                fallback: Some("qwen-14b".into())
+            })
         );
         assert_eq!(
-            m.map(&labels(&[("action", "block-endpoint"), ("endpoint", "10.0.0.1:8000")])),
-            Ok(Condition::BlockEndpoint { endpoint: "10.0.0.1:8000".into(), model: None })
+            m.map(&labels(&[
+                ("action", "block-endpoint"),
+                ("endpoint", "10.0.0.1:8000")
+            ])),
+            Ok(Condition::BlockEndpoint {
+                endpoint: "10.0.0.1:8000".into(),
+                model: None
+            })
         );
     }
 
@@ -387,12 +446,27 @@ mod tests {
         assert!(why(&[("alertname", "X")]).contains("no action label"));
         assert!(why(&[("action", "reboot")]).contains("unknown action"));
         assert!(why(&[("action", "trigger-failover")]).contains("needs the label target_model"));
-        assert!(why(&[("action", "trigger-failover"), ("target_model", "gpt-9")]).contains("not configured"));
-        assert!(why(&[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-z")])
-            .contains("not a pool of qwen-72b"));
+        assert!(
+            why(&[("action", "trigger-failover"), ("target_model", "gpt-9")])
+                .contains("not configured")
+        );
+        assert!(
+            why(&[
+                ("action", "trigger-failover"),
+                ("target_model", "qwen-72b"),
+                ("pool", "dc-z")
+            ])
+            .contains("not a pool of qwen-72b")
+        );
         assert_eq!(
-            m.map(&labels(&[("action", "trigger-failover"), ("target_model", "qwen-72b")])),
-            Ok(Condition::PoolDown { model: "qwen-72b".into(), pool: "dc-a".into() }),
+            m.map(&labels(&[
+                ("action", "trigger-failover"),
+                ("target_model", "qwen-72b")
+            ])),
+            Ok(Condition::PoolDown {
+                model: "qwen-72b".into(),
+                pool: "dc-a".into()
+            }),
             "no pool label means the primary"
         );
     }
@@ -412,24 +486,65 @@ mod tests {
 "#,
         );
         assert_eq!(
-            m.map(&labels(&[("alertname", "VLLMKVCacheFull"), ("model_name", "qwen-72b")])),
-            Ok(Condition::Saturated { model: "qwen-72b".into(), fallback: None })
+            m.map(&labels(&[
+                ("alertname", "VLLMKVCacheFull"),
+                ("model_name", "qwen-72b")
+            ])),
+            Ok(Condition::Saturated {
+                model: "qwen-72b".into(),
+                fallback: None
+            })
         );
-        assert!(m.map(&labels(&[("alertname", "VLLMKVCacheFull"), ("model_name", "qwen-14b")])).is_err());
+        assert!(
+            m.map(&labels(&[
+                ("alertname", "VLLMKVCacheFull"),
+                ("model_name", "qwen-14b")
+            ]))
+            .is_err()
+        );
         assert_eq!(
-            m.map(&labels(&[("alertname", "EndpointErrors"), ("instance", "h:1")])),
-            Ok(Condition::BlockEndpoint { endpoint: "h:1".into(), model: None })
+            m.map(&labels(&[
+                ("alertname", "EndpointErrors"),
+                ("instance", "h:1")
+            ])),
+            Ok(Condition::BlockEndpoint {
+                endpoint: "h:1".into(),
+                model: None
+            })
         );
-        assert!(m.map(&labels(&[("alertname", "EndpointErrors"), ("instance", "h:1"), ("env", "dev")])).is_err());
+        assert!(
+            m.map(&labels(&[
+                ("alertname", "EndpointErrors"),
+                ("instance", "h:1"),
+                ("env", "dev")
+            ]))
+            .is_err()
+        );
     }
 
     #[test]
     fn matcher_syntax() {
-        assert!(Matcher::parse("alertname=\"A\"").unwrap().matches(&labels(&[("alertname", "A")])));
-        assert!(Matcher::parse("x!~\"a|b\"").unwrap().matches(&labels(&[("x", "c")])));
-        assert!(!Matcher::parse("x=~\"a\"").unwrap().matches(&labels(&[("x", "ab")])), "anchored");
+        assert!(
+            Matcher::parse("alertname=\"A\"")
+                .unwrap()
+                .matches(&labels(&[("alertname", "A")]))
+        );
+        assert!(
+            Matcher::parse("x!~\"a|b\"")
+                .unwrap()
+                .matches(&labels(&[("x", "c")]))
+        );
+        assert!(
+            !Matcher::parse("x=~\"a\"")
+                .unwrap()
+                .matches(&labels(&[("x", "ab")])),
+            "anchored"
+        );
         assert!(Matcher::parse("no operator").is_err());
         assert!(Matcher::parse("=\"v\"").is_err());
-        assert!(matches!(Matcher::parse("x=~\"(\""), Err(BadMatcher::Regex { .. })));
+        assert!(matches!(
+            Matcher::parse("x=~\"(\""),
+            Err(BadMatcher::Regex { .. })
+        ));
     }
 }

@@ -1,1 +1,214 @@
-//! placeholder
+//! The stanch controller's IO.
+//!
+//! Owns: the HTTP API (intake, watch, admin, status, metrics), the engine task that is
+//! the one writer of state, the state stores, the audit history, Alertmanager
+//! reconciliation, and the listener (plain or TLS). Does not own decisions: those are
+//! `stanch-core`'s, reached only through the engine task.
+
+pub mod api;
+pub mod auth;
+pub mod clock;
+pub mod engine_task;
+pub mod error;
+pub mod gateways;
+pub mod history;
+pub mod metrics;
+pub mod net;
+pub mod publish;
+pub mod reconcile;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use secrecy::SecretString;
+use stanch_core::Config;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::auth::Tokens;
+use crate::clock::Clock;
+use crate::engine_task::EngineTask;
+use crate::history::History;
+use crate::metrics::Metrics;
+use crate::net::ConnLimits;
+use crate::reconcile::Reconciler;
+use crate::store::{FileStore, MemoryStore, StateStore, StoreError};
+
+/// How to run the controller.
+#[derive(Debug)]
+pub struct Settings {
+    /// The validated configuration.
+    pub config: Config,
+    /// Where state lives; `None` keeps it in memory (lost on restart).
+    pub data_dir: Option<PathBuf>,
+    /// Role tokens.
+    pub tokens: Tokens,
+    /// TLS certificate chain and key (PEM), if the listener speaks TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Bearer token for Alertmanager's API, if it needs one.
+    pub alertmanager_token: Option<SecretString>,
+    /// Connection limits.
+    pub limits: ConnLimits,
+}
+
+/// Why the controller did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Roles without a token on a listener other than loopback.
+    #[error(
+        "listening on {addr} (not loopback) with no token for role(s) {roles}; set STANCH_<ROLE>_TOKEN or the auth.*_token_file settings"
+    )]
+    OpenRoles {
+        /// The listen address.
+        addr: SocketAddr,
+        /// The roles without tokens.
+        roles: String,
+    },
+    /// The state store could not be opened or read.
+    #[error("state store")]
+    Store(#[from] StoreError),
+    /// The history file could not be opened.
+    #[error("cannot open the history file under {dir}")]
+    History {
+        /// The data directory.
+        dir: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TLS certificate or key is unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The listener's address could not be read.
+    #[error("listener")]
+    Listener(#[source] std::io::Error),
+}
+
+/// A running controller.
+pub struct Controller {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl Controller {
+    /// Starts the controller on a bound listener.
+    pub async fn start(
+        settings: Settings,
+        listener: TcpListener,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Controller, StartError> {
+        let addr = listener.local_addr().map_err(StartError::Listener)?;
+        let open = settings.tokens.open_roles();
+        if !open.is_empty() {
+            let roles = open.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ");
+            if !addr.ip().is_loopback() {
+                return Err(StartError::OpenRoles { addr, roles });
+            }
+            warn!(%addr, roles = %roles, "no token for these roles: open to anyone on this host (loopback only)");
+        }
+        let tls = match &settings.tls {
+            Some((cert, key)) => Some(net::tls_acceptor(cert, key).map_err(StartError::Tls)?),
+            None => None,
+        };
+        let config = settings.config;
+        let metrics = Arc::new(Metrics::new());
+        let (store, history): (Box<dyn StateStore>, History) = match &settings.data_dir {
+            Some(dir) => {
+                let tag = clock.now().as_millis().to_string();
+                let store = FileStore::open(dir, tag)?;
+                let history = History::open(
+                    dir,
+                    config.history.max_entries,
+                    config.history.max_file_bytes,
+                )
+                .map_err(|source| StartError::History {
+                    dir: dir.clone(),
+                    source,
+                })?;
+                (Box::new(store), history)
+            }
+            None => (
+                Box::new(MemoryStore::default()),
+                History::in_memory(config.history.max_entries),
+            ),
+        };
+        let history = Arc::new(history);
+        let started = EngineTask::start(
+            config.clone(),
+            store,
+            history.clone(),
+            metrics.clone(),
+            clock.clone(),
+        )?;
+        let (stop, stopped) = watch::channel(false);
+        let until_stopped = move || {
+            let mut rx = stopped.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let mut tasks = JoinSet::new();
+        let reconcile_wake = config
+            .alertmanager
+            .as_ref()
+            .map(|_| Arc::new(Notify::new()));
+        if let (Some(am), Some(wake)) = (&config.alertmanager, &reconcile_wake) {
+            let reconciler = Reconciler::new(
+                &am.url,
+                &am.receiver,
+                settings.alertmanager_token,
+                am.interval.0,
+                started.handle.clone(),
+                clock.clone(),
+                metrics.clone(),
+                wake.clone(),
+            );
+            wake.notify_one(); // Reconcile once at start: notifications may have been missed while down.
+            tasks.spawn(reconciler.run(until_stopped()));
+        }
+        let shared = api::Shared::new(
+            started.handle.clone(),
+            started.publisher.clone(),
+            history,
+            metrics,
+            settings.tokens,
+            clock,
+            Arc::new(config),
+            started.health.clone(),
+            reconcile_wake,
+        );
+        let app = api::router(Arc::new(shared));
+        tasks.spawn(started.task.run(until_stopped()));
+        let limits = settings.limits;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tasks.spawn(
+            net::serve(listener, app, tls, limits, until_stopped())
+                .instrument(info_span!("http", %addr)),
+        );
+        info!(%addr, scheme, "stanch controller listening");
+        Ok(Controller { addr, stop, tasks })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving, lets the engine save its state, and waits for every task.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Runs until `signal` resolves, then shuts down.
+    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
+        signal.await;
+        info!("shutting down");
+        self.shutdown().await;
+    }
+}

@@ -57,7 +57,13 @@ impl AlertBuilder {
     pub fn firing(name: &str) -> AlertBuilder {
         let mut labels = Labels::new();
         labels.insert("alertname".into(), name.into());
-        AlertBuilder { labels, starts_at: T0, ends_at: None, status: AlertStatus::Firing, source: AlertSource::Alertmanager }
+        AlertBuilder {
+            labels,
+            starts_at: T0,
+            ends_at: None,
+            status: AlertStatus::Firing,
+            source: AlertSource::Alertmanager,
+        }
     }
 
     /// Adds a label.
@@ -100,19 +106,27 @@ impl AlertBuilder {
 }
 
 fn offset(raw: &str) -> Duration {
-    raw.parse::<HumanDuration>().unwrap_or_else(|e| panic!("{raw}: {e}")).0
+    raw.parse::<HumanDuration>()
+        .unwrap_or_else(|e| panic!("{raw}: {e}"))
+        .0
 }
 
 fn rel(now: Timestamp) -> String {
     let d = now.since(T0);
-    if d.subsec_millis() == 0 { format!("{}s", d.as_secs()) } else { format!("{}ms", d.as_millis()) }
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 /// Runs a scenario and renders what happened.
 pub fn run(text: &str) -> String {
     let (config_text, script) = text.split_once("---\n").unwrap_or(("", text));
     let mut config = base_config();
-    let has_config = config_text.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    let has_config = config_text
+        .lines()
+        .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
     if has_config {
         config = Config::from_yaml(config_text).unwrap_or_else(|e| panic!("scenario config: {e}"));
     }
@@ -122,13 +136,23 @@ pub fn run(text: &str) -> String {
     let mut fired: BTreeMap<String, AlertBuilder> = BTreeMap::new();
     let record = |out: &mut String, at: Timestamp, decisions: Vec<Decision>| {
         for d in decisions {
-            if matches!(d, Decision::Published { lease_renewal: true, .. }) {
+            if matches!(
+                d,
+                Decision::Published {
+                    lease_renewal: true,
+                    ..
+                }
+            ) {
                 continue;
             }
             writeln!(out, "{:>6}  {}", rel(at), d).unwrap();
         }
     };
-    for line in script.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in script
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         let words: Vec<&str> = line.split_whitespace().collect();
         if let ["run", "until", t] = words.as_slice() {
             let end = T0 + offset(t);
@@ -142,19 +166,27 @@ pub fn run(text: &str) -> String {
             record(&mut out, now, step.decisions);
             continue;
         }
-        let ["at", t, verb, rest @ ..] = words.as_slice() else { panic!("bad line: {line}") };
+        let ["at", t, verb, rest @ ..] = words.as_slice() else {
+            panic!("bad line: {line}")
+        };
         now = T0 + offset(t);
         let kv = |w: &str| w.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()));
         let named: BTreeMap<String, String> = rest.iter().filter_map(|w| kv(w)).collect();
         let positional: Vec<&str> = rest.iter().copied().filter(|w| !w.contains('=')).collect();
-        let reason = named.get("reason").cloned().unwrap_or_else(|| "scenario".into());
+        let reason = named
+            .get("reason")
+            .cloned()
+            .unwrap_or_else(|| "scenario".into());
         let ttl = named.get("ttl").map(|t| HumanDuration(offset(t)));
         let model = positional.get(1).map(|m| m.to_string());
         let input = match *verb {
             "fire" | "push" | "define" => {
                 let started = named.get("started").map_or(now, |s| T0 + offset(s));
                 let mut b = AlertBuilder::firing(positional[0]).at(started);
-                for (k, v) in named.iter().filter(|(k, _)| *k != "ends" && *k != "started") {
+                for (k, v) in named
+                    .iter()
+                    .filter(|(k, _)| *k != "ends" && *k != "started")
+                {
                     b = b.label(k, v);
                 }
                 if *verb == "push" {
@@ -165,14 +197,23 @@ pub fn run(text: &str) -> String {
                     // Known to Alertmanager, but its notification never reached us.
                     continue;
                 }
-                Input::Alerts { alerts: vec![b.build()] }
+                Input::Alerts {
+                    alerts: vec![b.build()],
+                }
             }
             "resolve" => {
-                let b = fired.get(positional[0]).unwrap_or_else(|| panic!("{} never fired", positional[0]));
-                Input::Alerts { alerts: vec![b.clone().resolved().build()] }
+                let b = fired
+                    .get(positional[0])
+                    .unwrap_or_else(|| panic!("{} never fired", positional[0]));
+                Input::Alerts {
+                    alerts: vec![b.clone().resolved().build()],
+                }
             }
             "reconcile" => Input::Reconcile {
-                alerts: positional.iter().map(|n| fired[*n].clone().build()).collect(),
+                alerts: positional
+                    .iter()
+                    .map(|n| fired[*n].clone().build())
+                    .collect(),
                 as_of: now,
             },
             "tick" => Input::Tick,
@@ -184,22 +225,48 @@ pub fn run(text: &str) -> String {
                     reason,
                 },
             },
-            "release" => Input::Command { command: Command::Release { model: positional[0].into(), reason } },
+            "release" => Input::Command {
+                command: Command::Release {
+                    model: positional[0].into(),
+                    reason,
+                },
+            },
             "freeze" => Input::Command {
-                command: Command::Freeze { model: positional.first().map(|m| m.to_string()), ttl, reason },
+                command: Command::Freeze {
+                    model: positional.first().map(|m| m.to_string()),
+                    ttl,
+                    reason,
+                },
             },
             "thaw" => Input::Command {
-                command: Command::Thaw { model: positional.first().map(|m| m.to_string()), reason },
+                command: Command::Thaw {
+                    model: positional.first().map(|m| m.to_string()),
+                    reason,
+                },
             },
             "block" => Input::Command {
-                command: Command::Block { endpoint: positional[0].into(), model, ttl, reason },
+                command: Command::Block {
+                    endpoint: positional[0].into(),
+                    model,
+                    ttl,
+                    reason,
+                },
             },
             "unblock" => Input::Command {
-                command: Command::Unblock { endpoint: positional[0].into(), model, reason },
+                command: Command::Unblock {
+                    endpoint: positional[0].into(),
+                    model,
+                    reason,
+                },
             },
-            "unblock-all" => Input::Command { command: Command::UnblockAll { reason } },
+            "unblock-all" => Input::Command {
+                command: Command::UnblockAll { reason },
+            },
             "dry-run" => Input::Command {
-                command: Command::DryRun { enabled: positional[0] == "on", reason },
+                command: Command::DryRun {
+                    enabled: positional[0] == "on",
+                    reason,
+                },
             },
             other => panic!("unknown verb {other}"),
         };
@@ -212,7 +279,12 @@ pub fn run(text: &str) -> String {
         let step = engine.step(input, now);
         record(&mut out, now, step.decisions);
     }
-    writeln!(out, "-- final routes (version {})", engine.route_table().version).unwrap();
+    writeln!(
+        out,
+        "-- final routes (version {})",
+        engine.route_table().version
+    )
+    .unwrap();
     let table = engine.route_table();
     for (name, m) in &table.models {
         writeln!(
@@ -228,8 +300,14 @@ pub fn run(text: &str) -> String {
         .unwrap();
     }
     for b in &table.blocked {
-        writeln!(out, "blocked {} for {} until {}", b.endpoint, b.model.as_deref().unwrap_or("all"), rel(b.until))
-            .unwrap();
+        writeln!(
+            out,
+            "blocked {} for {} until {}",
+            b.endpoint,
+            b.model.as_deref().unwrap_or("all"),
+            rel(b.until)
+        )
+        .unwrap();
     }
     out
 }

@@ -14,14 +14,63 @@ const MODELS: [&str; 2] = ["qwen-72b", "qwen-14b"];
 
 /// Alert templates: (name, labels).
 const ALERTS: [(&str, &[(&str, &str)]); 8] = [
-    ("A72", &[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-a")]),
-    ("B72", &[("action", "trigger-failover"), ("target_model", "qwen-72b"), ("pool", "dc-b")]),
-    ("A14", &[("action", "trigger-failover"), ("target_model", "qwen-14b"), ("pool", "dc-a")]),
-    ("B14", &[("action", "trigger-failover"), ("target_model", "qwen-14b"), ("pool", "dc-b")]),
-    ("S72", &[("action", "trigger-model-degradation"), ("target_model", "qwen-72b")]),
-    ("S14", &[("action", "trigger-model-degradation"), ("target_model", "qwen-14b")]),
-    ("F72", &[("action", "trigger-static-fallback"), ("target_model", "qwen-72b")]),
-    ("E1", &[("action", "block-endpoint"), ("endpoint", "a1:8000")]),
+    (
+        "A72",
+        &[
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-72b"),
+            ("pool", "dc-a"),
+        ],
+    ),
+    (
+        "B72",
+        &[
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-72b"),
+            ("pool", "dc-b"),
+        ],
+    ),
+    (
+        "A14",
+        &[
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-14b"),
+            ("pool", "dc-a"),
+        ],
+    ),
+    (
+        "B14",
+        &[
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-14b"),
+            ("pool", "dc-b"),
+        ],
+    ),
+    (
+        "S72",
+        &[
+            ("action", "trigger-model-degradation"),
+            ("target_model", "qwen-72b"),
+        ],
+    ),
+    (
+        "S14",
+        &[
+            ("action", "trigger-model-degradation"),
+            ("target_model", "qwen-14b"),
+        ],
+    ),
+    (
+        "F72",
+        &[
+            ("action", "trigger-static-fallback"),
+            ("target_model", "qwen-72b"),
+        ],
+    ),
+    (
+        "E1",
+        &[("action", "block-endpoint"), ("endpoint", "a1:8000")],
+    ),
 ];
 
 #[derive(Debug, Clone)]
@@ -65,27 +114,57 @@ fn input(op: &Op) -> Input {
     let ttl = |t: &Option<u64>| t.map(HumanDuration::secs);
     let alert = |i: usize| {
         let (name, labels) = ALERTS[i];
-        labels.iter().fold(AlertBuilder::firing(name), |b, (k, v)| b.label(k, v))
+        labels
+            .iter()
+            .fold(AlertBuilder::firing(name), |b, (k, v)| b.label(k, v))
     };
     match op {
-        Op::Fire(i) => Input::Alerts { alerts: vec![alert(*i).build()] },
+        Op::Fire(i) => Input::Alerts {
+            alerts: vec![alert(*i).build()],
+        },
         // Every firing in these runs starts at T0, so resolutions always match.
-        Op::Resolve(i) => Input::Alerts { alerts: vec![alert(*i).resolved().build()] },
+        Op::Resolve(i) => Input::Alerts {
+            alerts: vec![alert(*i).resolved().build()],
+        },
         Op::Tick => Input::Tick,
         Op::Force(m, rung, t) => Input::Command {
-            command: Command::Force { model: MODELS[*m].into(), rung: *rung, ttl: ttl(t), reason },
+            command: Command::Force {
+                model: MODELS[*m].into(),
+                rung: *rung,
+                ttl: ttl(t),
+                reason,
+            },
         },
-        Op::Release(m) => Input::Command { command: Command::Release { model: MODELS[*m].into(), reason } },
+        Op::Release(m) => Input::Command {
+            command: Command::Release {
+                model: MODELS[*m].into(),
+                reason,
+            },
+        },
         Op::Freeze(m, t) => Input::Command {
-            command: Command::Freeze { model: m.map(|m| MODELS[m].into()), ttl: ttl(t), reason },
+            command: Command::Freeze {
+                model: m.map(|m| MODELS[m].into()),
+                ttl: ttl(t),
+                reason,
+            },
         },
-        Op::Thaw(m) => Input::Command { command: Command::Thaw { model: m.map(|m| MODELS[m].into()), reason } },
+        Op::Thaw(m) => Input::Command {
+            command: Command::Thaw {
+                model: m.map(|m| MODELS[m].into()),
+                reason,
+            },
+        },
     }
 }
 
 /// Runs ops `dt` seconds apart, ticking at every wake-up in between as the server
 /// does, and returns every (time, decision).
-fn drive(engine: &mut Engine, ops: &[(u64, Op)], mut now: Timestamp, mut check: impl FnMut(&Engine, Timestamp, &[Decision])) -> Vec<(Timestamp, Decision)> {
+fn drive(
+    engine: &mut Engine,
+    ops: &[(u64, Op)],
+    mut now: Timestamp,
+    mut check: impl FnMut(&Engine, Timestamp, &[Decision]),
+) -> Vec<(Timestamp, Decision)> {
     let mut log = Vec::new();
     for (dt, op) in ops {
         let next = now + Duration::from_secs(*dt);

@@ -9,7 +9,9 @@ fn core_has_no_io_dependencies() {
         .nth(1)
         .and_then(|rest| rest.split("\n[").next())
         .expect("a [dependencies] section");
-    for banned in ["tokio", "axum", "hyper", "reqwest", "kube", "tonic", "tower", "chrono", "rand", "std-fs"] {
+    for banned in [
+        "tokio", "axum", "hyper", "reqwest", "kube", "tonic", "tower", "chrono", "rand", "std-fs",
+    ] {
         let present = deps.lines().any(|l| l.trim_start().starts_with(banned));
         assert!(!present, "stanch-core must not depend on {banned}");
     }
@@ -22,7 +24,13 @@ fn core_sources_read_no_clock() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "rs") {
             let text = std::fs::read_to_string(&path).unwrap();
-            for banned in ["SystemTime", "Instant::now", "std::fs", "std::net", "thread_rng"] {
+            for banned in [
+                "SystemTime",
+                "Instant::now",
+                "std::fs",
+                "std::net",
+                "thread_rng",
+            ] {
                 assert!(!text.contains(banned), "{} uses {banned}", path.display());
             }
         }

@@ -1,0 +1,102 @@
+//! Alert intake: Alertmanager's webhook and Prometheus' own push.
+//!
+//! 200 only once the alerts are durable; 400 naming the field for a malformed
+//! payload; 413 above the size limit; 503 when the store cannot write (Alertmanager
+//! retries 5xx). Never 429: a rate limit here would drop the alert that matters.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use stanch_api::alerts::{self, IntakeResponse, ParsedBatch, PayloadError};
+use stanch_core::Input;
+use tracing::warn;
+
+use super::{AppState, body};
+use crate::error::ApiError;
+use crate::metrics::{RejectLabels, SourceLabel};
+
+/// `POST /v1/alerts/alertmanager`
+pub(super) async fn alertmanager(
+    State(state): State<AppState>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<IntakeResponse>, ApiError> {
+    let raw = body(&state, raw)?;
+    let batch =
+        alerts::parse_alertmanager_webhook(&raw).map_err(|e| refused(&state, "alertmanager", e))?;
+    if batch.truncated_alerts > 0 {
+        if let Some(reconcile) = &state.reconcile {
+            warn!(
+                truncated = batch.truncated_alerts,
+                "Alertmanager truncated a notification; reconciling"
+            );
+            reconcile.notify_one();
+        }
+    }
+    ingest(&state, "alertmanager", batch).await
+}
+
+/// `POST /api/v2/alerts`
+pub(super) async fn prometheus(
+    State(state): State<AppState>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<IntakeResponse>, ApiError> {
+    let raw = body(&state, raw)?;
+    let now = state.clock.now();
+    let batch =
+        alerts::parse_prometheus_push(&raw, now).map_err(|e| refused(&state, "prometheus", e))?;
+    ingest(&state, "prometheus", batch).await
+}
+
+fn refused(state: &AppState, source: &'static str, e: PayloadError) -> ApiError {
+    state
+        .metrics
+        .alerts_rejected
+        .get_or_create(&RejectLabels {
+            source,
+            reason: e.kind(),
+        })
+        .inc();
+    warn!(source, error = %e, "alert payload refused");
+    ApiError::invalid(e.to_string())
+}
+
+async fn ingest(
+    state: &AppState,
+    source: &'static str,
+    batch: ParsedBatch,
+) -> Result<Json<IntakeResponse>, ApiError> {
+    for r in &batch.rejected {
+        state
+            .metrics
+            .alerts_rejected
+            .get_or_create(&RejectLabels {
+                source,
+                reason: "bad_alert",
+            })
+            .inc();
+        warn!(source, detail = %r.detail, "alert refused; the rest of the batch is kept");
+    }
+    let accepted = batch.alerts.len();
+    let version = if accepted == 0 {
+        state.publisher.load().table.version
+    } else {
+        state
+            .engine
+            .apply(Input::Alerts {
+                alerts: batch.alerts,
+            })
+            .await?
+            .version
+    };
+    state
+        .metrics
+        .alerts_received
+        .get_or_create(&SourceLabel { source })
+        .inc_by(accepted as u64);
+    Ok(Json(IntakeResponse {
+        accepted,
+        rejected: batch.rejected,
+        version,
+    }))
+}

@@ -1,0 +1,211 @@
+//! The HTTP API: one router, built by [`router`], so tests can drive it in-process.
+//!
+//! Handlers parse, authenticate (by route group), hand an input to the engine task,
+//! and answer. No decision logic lives here.
+
+mod admin;
+mod intake;
+mod read;
+mod watch;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use stanch_core::Config;
+use tokio::sync::Notify;
+
+use crate::auth::{Role, Tokens};
+use crate::clock::Clock;
+use crate::engine_task::{EngineHandle, EngineUnavailable, StoreHealth};
+use crate::error::ApiError;
+use crate::gateways::Gateways;
+use crate::history::History;
+use crate::metrics::{KindLabel, Metrics};
+use crate::publish::Publisher;
+
+/// What every handler shares.
+pub struct Shared {
+    /// Sends inputs to the engine task.
+    pub engine: EngineHandle,
+    /// The published snapshot.
+    pub publisher: Arc<Publisher>,
+    /// The audit history.
+    pub history: Arc<History>,
+    /// Gateways seen on the watch API.
+    pub gateways: Gateways,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Role tokens.
+    pub tokens: Tokens,
+    /// Wall-clock time.
+    pub clock: Arc<dyn Clock>,
+    /// The configuration in force.
+    pub config: Arc<Config>,
+    /// The state store's health.
+    pub store: Arc<StoreHealth>,
+    /// Wakes the Alertmanager reconciler, when one runs.
+    pub reconcile: Option<Arc<Notify>>,
+    /// Connected watchers (long-poll and SSE).
+    watchers: AtomicUsize,
+}
+
+impl Shared {
+    /// Everything handlers need.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one constructor wiring every shared part"
+    )]
+    pub fn new(
+        engine: EngineHandle,
+        publisher: Arc<Publisher>,
+        history: Arc<History>,
+        metrics: Arc<Metrics>,
+        tokens: Tokens,
+        clock: Arc<dyn Clock>,
+        config: Arc<Config>,
+        store: Arc<StoreHealth>,
+        reconcile: Option<Arc<Notify>>,
+    ) -> Shared {
+        Shared {
+            engine,
+            publisher,
+            history,
+            gateways: Gateways::default(),
+            metrics,
+            tokens,
+            clock,
+            config,
+            store,
+            reconcile,
+            watchers: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Handler state.
+pub type AppState = Arc<Shared>;
+
+/// Builds the router.
+pub fn router(state: AppState) -> Router {
+    let limit = state.config.intake.max_body_bytes;
+    let ingest = Router::new()
+        .route("/v1/alerts/alertmanager", post(intake::alertmanager))
+        .route("/api/v2/alerts", post(intake::prometheus))
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), Role::Ingest),
+            require,
+        ));
+    let admin = Router::new()
+        .route("/v1/admin/force", post(admin::force))
+        .route("/v1/admin/release", post(admin::release))
+        .route("/v1/admin/freeze", post(admin::freeze))
+        .route("/v1/admin/thaw", post(admin::thaw))
+        .route("/v1/admin/block", post(admin::block))
+        .route("/v1/admin/unblock", post(admin::unblock))
+        .route("/v1/admin/unblock-all", post(admin::unblock_all))
+        .route("/v1/admin/dry-run", post(admin::dry_run))
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), Role::Admin),
+            require,
+        ));
+    let read = Router::new()
+        .route("/v1/routes", get(watch::routes))
+        .route("/v1/routes/stream", get(watch::stream))
+        .route("/v1/status", get(read::status))
+        .route("/v1/history", get(read::history))
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), Role::Read),
+            require,
+        ));
+    let open = Router::new()
+        .route("/metrics", get(read::metrics))
+        .route("/healthz", get(read::healthz))
+        .route("/readyz", get(read::readyz));
+    Router::new()
+        .merge(ingest)
+        .merge(admin)
+        .merge(read)
+        .merge(open)
+        .fallback(|| async { ApiError::NotFound("no such route; see docs/api.md".into()) })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn require(
+    State((state, role)): State<(AppState, Role)>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    state.tokens.check(role, request.headers())?;
+    Ok(next.run(request).await)
+}
+
+/// Maps a body that could not be read to 413 (too large) or 400.
+fn body(state: &Shared, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge {
+                limit: state.config.intake.max_body_bytes,
+            }
+        } else {
+            ApiError::invalid(format!("body: {}", rejection.body_text()))
+        }
+    })
+}
+
+impl From<EngineUnavailable> for ApiError {
+    fn from(e: EngineUnavailable) -> ApiError {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
+/// Counts a connected watcher for as long as it lives.
+pub(crate) struct WatcherGuard {
+    state: AppState,
+    kind: &'static str,
+}
+
+impl WatcherGuard {
+    /// Admits a watcher, or refuses with 503 past the configured limit.
+    fn admit(state: &AppState, kind: &'static str) -> Result<WatcherGuard, ApiError> {
+        let max = state.config.watch.max_watchers;
+        let admitted = state
+            .watchers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            return Err(ApiError::Unavailable(format!(
+                "{max} watchers already connected; retry later"
+            )));
+        }
+        state
+            .metrics
+            .watchers
+            .get_or_create(&KindLabel { kind })
+            .inc();
+        Ok(WatcherGuard {
+            state: state.clone(),
+            kind,
+        })
+    }
+}
+
+impl Drop for WatcherGuard {
+    fn drop(&mut self) {
+        self.state.watchers.fetch_sub(1, Ordering::AcqRel);
+        self.state
+            .metrics
+            .watchers
+            .get_or_create(&KindLabel { kind: self.kind })
+            .dec();
+    }
+}

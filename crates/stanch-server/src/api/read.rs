@@ -1,0 +1,111 @@
+//! Status, history, metrics and probes.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use stanch_api::status::{HistoryEntry, StatusReport, StoreStatus};
+
+use super::AppState;
+use crate::error::ApiError;
+use crate::metrics::KindLabel;
+
+/// `GET /v1/status`
+pub(super) async fn status(State(state): State<AppState>) -> Json<StatusReport> {
+    let snap = state.publisher.load();
+    let now = state.clock.now();
+    let mut blocked = snap.blocks.clone();
+    for b in &mut blocked {
+        b.seconds_left = b.until.since(now).as_secs();
+    }
+    Json(StatusReport {
+        epoch: snap.table.epoch.clone(),
+        version: snap.table.version,
+        generated_at: snap.table.generated_at,
+        now,
+        dry_run: snap.dry_run.clone(),
+        global_freeze: snap.global_freeze.clone(),
+        models: snap.models.clone(),
+        blocked,
+        gateways: state.gateways.list(now, snap.table.version),
+        alerts: snap.alerts.clone(),
+        store: StoreStatus {
+            kind: state.store.kind.to_owned(),
+            healthy: state
+                .store
+                .healthy
+                .load(std::sync::atomic::Ordering::Relaxed),
+            recovered_from_corruption: state.store.recovered_from_corruption.clone(),
+        },
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HistoryQuery {
+    /// Entries at most (default 100, at most 1000).
+    limit: Option<usize>,
+    /// Only this model's entries.
+    model: Option<String>,
+    /// Only entries after this sequence number.
+    after: Option<u64>,
+}
+
+/// `GET /v1/history`
+pub(super) async fn history(
+    State(state): State<AppState>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Result<Json<Vec<HistoryEntry>>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    Ok(Json(state.history.list(limit, q.model.as_deref(), q.after)))
+}
+
+/// `GET /metrics`
+pub(super) async fn metrics(State(state): State<AppState>) -> Response {
+    let snap = state.publisher.load();
+    let (converged, lagging, stale) = state
+        .gateways
+        .convergence(state.clock.now(), snap.table.version);
+    for (kind, n) in [
+        ("converged", converged),
+        ("lagging", lagging),
+        ("stale", stale),
+    ] {
+        state
+            .metrics
+            .gateways
+            .get_or_create(&KindLabel { kind })
+            .set(n);
+    }
+    let mut response = state.metrics.encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+/// `GET /healthz`: the process is alive.
+pub(super) async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /readyz`: ready while the state store writes.
+pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+    if state
+        .store
+        .healthy
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the state store cannot write\n",
+        )
+            .into_response()
+    }
+}

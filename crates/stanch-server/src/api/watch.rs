@@ -1,0 +1,174 @@
+//! The watch protocol: the route table, long-poll, and SSE.
+//!
+//! Delivery is latest-only: a watcher wakes on a version number and reads the current
+//! snapshot, so a slow client skips versions instead of queueing them, and the writer
+//! never waits for anyone.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::Deserialize;
+use stanch_api::HumanDuration;
+use stanch_api::hash::Fnv64;
+use stanch_api::headers::{EPOCH, ROUTE_VERSION};
+
+use super::{AppState, WatcherGuard};
+use crate::error::ApiError;
+use crate::publish::Snapshot;
+
+/// The long-poll wait when the client names none.
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RoutesQuery {
+    /// The version the client has.
+    after: Option<u64>,
+    /// How long to wait for a newer one.
+    wait: Option<HumanDuration>,
+    /// The epoch the client's version belongs to.
+    epoch: Option<String>,
+}
+
+fn table_response(snap: &Snapshot, status: StatusCode) -> Response {
+    let body = if status == StatusCode::OK {
+        Body::from(snap.json.clone())
+    } else {
+        Body::empty()
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Ok(v) = HeaderValue::from_str(&snap.etag) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert(ROUTE_VERSION, HeaderValue::from(snap.table.version));
+    if let Ok(v) = HeaderValue::from_str(&snap.table.epoch) {
+        h.insert(EPOCH, v);
+    }
+    response
+}
+
+/// `GET /v1/routes`, with `?after=V&wait=30s` for a long-poll.
+pub(super) async fn routes(
+    State(state): State<AppState>,
+    query: Result<Query<RoutesQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
+    state.gateways.observe(&headers, state.clock.now());
+    let snap = state.publisher.load();
+    let Some(after) = query.after else {
+        let unchanged = headers
+            .get(header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok())
+            == Some(snap.etag.as_str());
+        let status = if unchanged {
+            StatusCode::NOT_MODIFIED
+        } else {
+            StatusCode::OK
+        };
+        return Ok(table_response(&snap, status));
+    };
+    // Anything other than the client's own version is news: newer, or from an
+    // epoch the client does not know.
+    let news = |s: &Snapshot| {
+        s.table.version != after || query.epoch.as_ref().is_some_and(|e| *e != s.table.epoch)
+    };
+    if news(&snap) {
+        return Ok(table_response(&snap, StatusCode::OK));
+    }
+    let _guard = WatcherGuard::admit(&state, "long_poll")?;
+    let mut rx = state.publisher.subscribe();
+    let wait = jittered(
+        query
+            .wait
+            .map_or(DEFAULT_WAIT, |w| w.0)
+            .min(state.config.watch.max_wait.0),
+        &state,
+        &headers,
+    );
+    let deadline = tokio::time::sleep(wait);
+    tokio::pin!(deadline);
+    loop {
+        // Checked after subscribing, so a version published in between is not missed.
+        let snap = state.publisher.load();
+        if news(&snap) {
+            return Ok(table_response(&snap, StatusCode::OK));
+        }
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return Err(ApiError::Unavailable("the controller is shutting down".into()));
+                }
+            }
+            () = &mut deadline => return Ok(table_response(&state.publisher.load(), StatusCode::NOT_MODIFIED)),
+        }
+    }
+}
+
+/// Spreads long-poll timeouts by ±10 % so a fleet of gateways does not reconnect in step.
+fn jittered(wait: Duration, state: &AppState, headers: &HeaderMap) -> Duration {
+    let mut h = Fnv64::default();
+    h.write(&state.clock.now().as_millis().to_le_bytes());
+    if let Some(id) = headers.get(stanch_api::headers::GATEWAY_ID) {
+        h.write(id.as_bytes());
+    }
+    let unit = (h.finish() % 2001) as f64 / 1000.0 - 1.0;
+    wait.mul_f64(1.0 + 0.1 * unit)
+}
+
+/// `GET /v1/routes/stream`: one SSE event per version, `id:` the version.
+pub(super) async fn stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    state.gateways.observe(&headers, state.clock.now());
+    let guard = WatcherGuard::admit(&state, "sse")?;
+    let resume: Option<u64> = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok());
+    let rx = state.publisher.subscribe();
+    let publisher = Arc::clone(&state.publisher);
+    // The last (epoch, version) sent; a resumed stream knows only the version.
+    let sent: Option<(Option<String>, u64)> = resume.map(|v| (None, v));
+    let events =
+        futures_util::stream::unfold((rx, sent, guard), move |(mut rx, mut sent, guard)| {
+            let publisher = Arc::clone(&publisher);
+            async move {
+                loop {
+                    let snap = publisher.load();
+                    let already = sent.as_ref().is_some_and(|(epoch, version)| {
+                        *version == snap.table.version
+                            && epoch.as_ref().is_none_or(|e| *e == snap.table.epoch)
+                    });
+                    if !already {
+                        sent = Some((Some(snap.table.epoch.clone()), snap.table.version));
+                        let data = std::str::from_utf8(&snap.json).unwrap_or("{}");
+                        let event = Event::default()
+                            .event("routes")
+                            .id(snap.table.version.to_string())
+                            .data(data);
+                        return Some((Ok(event), (rx, sent, guard)));
+                    }
+                    rx.changed().await.ok()?;
+                }
+            }
+        });
+    let heartbeat = state.config.watch.heartbeat.0;
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat")))
+}

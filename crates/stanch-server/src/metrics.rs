@@ -1,0 +1,234 @@
+//! Every metric the controller exports, named in one place. Labels are bounded sets:
+//! model names come from the configuration, never from requests.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label: which intake endpoint.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// `alertmanager` or `prometheus` or `reconcile`.
+    pub source: &'static str,
+}
+
+/// Labels: why an alert or payload was rejected.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// The intake endpoint.
+    pub source: &'static str,
+    /// A stable reason.
+    pub reason: &'static str,
+}
+
+/// Label: a configured model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    /// The model.
+    pub model: String,
+}
+
+/// Labels: a rung transition.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    /// The model.
+    pub model: String,
+    /// `up` or `down`.
+    pub direction: &'static str,
+}
+
+/// Label: a kind of thing, from a fixed set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind.
+    pub kind: &'static str,
+}
+
+/// Label: an override action.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    /// `force`, `release`, `freeze`, ...
+    pub action: String,
+}
+
+/// The controller's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Alerts accepted, by intake.
+    pub alerts_received: Family<SourceLabel, Counter>,
+    /// Alerts and payloads refused, by intake and reason.
+    pub alerts_rejected: Family<RejectLabels, Counter>,
+    /// Alerts that mapped to no condition.
+    pub alerts_unmapped: Counter,
+    /// Active alerts.
+    pub alerts_active: Gauge,
+    /// The rung per model (0 normal … 3 static), as published.
+    pub model_rung: Family<ModelLabel, Gauge>,
+    /// Rung changes per model and direction.
+    pub transitions: Family<TransitionLabels, Counter>,
+    /// 1 while the flap guard holds a model.
+    pub flap_pinned: Family<ModelLabel, Gauge>,
+    /// Active endpoint blocks.
+    pub blocks_active: Gauge,
+    /// Blocks made.
+    pub blocks: Counter,
+    /// Overrides applied, by action.
+    pub overrides: Family<ActionLabel, Counter>,
+    /// The published route version.
+    pub route_version: Gauge,
+    /// Connected watchers by kind (`sse`, `long_poll`).
+    pub watchers: Family<KindLabel, Gauge>,
+    /// Seconds from an input's arrival to its route version being published.
+    pub publish_latency: Histogram,
+    /// State store failures, by operation.
+    pub store_errors: Family<KindLabel, Counter>,
+    /// 1 when the controller started over because its state was unreadable.
+    pub state_corrupt_recovered: Gauge,
+    /// 1 while dry-run is on.
+    pub dry_run: Gauge,
+    /// Frozen models; the global freeze counts every model.
+    pub frozen: Gauge,
+    /// Gateways by convergence (`converged`, `lagging`, `stale`).
+    pub gateways: Family<KindLabel, Gauge>,
+    /// Alertmanager reconciliations by result.
+    pub reconciliations: Family<KindLabel, Counter>,
+    /// Decisions recorded in the history, by kind.
+    pub decisions: Family<KindLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("stanch");
+        let m = Metrics {
+            alerts_received: Family::default(),
+            alerts_rejected: Family::default(),
+            alerts_unmapped: Counter::default(),
+            alerts_active: Gauge::default(),
+            model_rung: Family::default(),
+            transitions: Family::default(),
+            flap_pinned: Family::default(),
+            blocks_active: Gauge::default(),
+            blocks: Counter::default(),
+            overrides: Family::default(),
+            route_version: Gauge::default(),
+            watchers: Family::default(),
+            publish_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
+            store_errors: Family::default(),
+            state_corrupt_recovered: Gauge::default(),
+            dry_run: Gauge::default(),
+            frozen: Gauge::default(),
+            gateways: Family::default(),
+            reconciliations: Family::default(),
+            decisions: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "alerts_received",
+            "Alerts accepted, by intake",
+            m.alerts_received.clone(),
+        );
+        registry.register(
+            "alerts_rejected",
+            "Alerts or payloads refused, by intake and reason",
+            m.alerts_rejected.clone(),
+        );
+        registry.register(
+            "alerts_unmapped",
+            "Alerts that mapped to no condition",
+            m.alerts_unmapped.clone(),
+        );
+        registry.register("alerts_active", "Active alerts", m.alerts_active.clone());
+        registry.register(
+            "model_rung",
+            "Published ladder rung per model: 0 normal, 1 failover, 2 degraded, 3 static",
+            m.model_rung.clone(),
+        );
+        registry.register(
+            "transitions",
+            "Rung changes per model and direction",
+            m.transitions.clone(),
+        );
+        registry.register(
+            "flap_pinned",
+            "1 while the flap guard holds the model",
+            m.flap_pinned.clone(),
+        );
+        registry.register(
+            "blocks_active",
+            "Active endpoint blocks",
+            m.blocks_active.clone(),
+        );
+        registry.register("blocks", "Endpoint blocks made", m.blocks.clone());
+        registry.register(
+            "overrides",
+            "Operator overrides applied, by action",
+            m.overrides.clone(),
+        );
+        registry.register(
+            "route_version",
+            "The published route table version",
+            m.route_version.clone(),
+        );
+        registry.register(
+            "watchers",
+            "Connected route watchers, by kind",
+            m.watchers.clone(),
+        );
+        registry.register(
+            "publish_latency_seconds",
+            "From an input's arrival to its route version being published",
+            m.publish_latency.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "State store failures, by operation",
+            m.store_errors.clone(),
+        );
+        registry.register(
+            "state_corrupt_recovered",
+            "1 when the controller started over because its state was unreadable",
+            m.state_corrupt_recovered.clone(),
+        );
+        registry.register("dry_run", "1 while dry-run is on", m.dry_run.clone());
+        registry.register(
+            "frozen_models",
+            "Models automation may not move",
+            m.frozen.clone(),
+        );
+        registry.register(
+            "gateways",
+            "Gateways by convergence state",
+            m.gateways.clone(),
+        );
+        registry.register(
+            "reconciliations",
+            "Alertmanager reconciliations, by result",
+            m.reconciliations.clone(),
+        );
+        registry.register(
+            "decisions",
+            "Decisions recorded, by kind",
+            m.decisions.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

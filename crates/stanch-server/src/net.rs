@@ -1,0 +1,221 @@
+//! The listener: plain or TLS, one task per connection, with limits that keep a
+//! misbehaving client from holding resources: a header read timeout (slowloris) and
+//! a write deadline (a client that stops reading is disconnected, which is how slow
+//! SSE watchers are closed without ever blocking the writer).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+/// Per-connection limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// A client that does not take written bytes for this long is disconnected.
+    pub write_timeout: Duration,
+    /// A request's headers must arrive within this.
+    pub header_timeout: Duration,
+    /// How long in-flight requests may finish at shutdown.
+    pub drain: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            write_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(30),
+            drain: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains connections.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<TlsAcceptor>,
+    limits: ConnLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let io = WriteDeadline::new(stream, limits.write_timeout);
+        let app = app.clone();
+        let tls = tls.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let service = TowerToHyperService::new(app);
+            let builder = {
+                let mut b = hyper::server::conn::http1::Builder::new();
+                b.timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout);
+                b
+            };
+            let result = match tls {
+                None => {
+                    watcher
+                        .watch(builder.serve_connection(TokioIo::new(io), service))
+                        .await
+                }
+                Some(acceptor) => {
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io)).await {
+                        Ok(Ok(stream)) => {
+                            watcher
+                                .watch(builder.serve_connection(TokioIo::new(stream), service))
+                                .await
+                        }
+                        Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => return debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            };
+            if let Err(e) = result {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    info!("listener closed; draining connections");
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(limits.drain) => debug!("drain timed out; closing the rest"),
+    }
+}
+
+/// Loads a PEM certificate chain and private key into a TLS acceptor (HTTP/1.1).
+pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate found", cert.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("certificate and key do not fit: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Wraps a connection so that a write blocked for longer than `timeout` fails.
+pub struct WriteDeadline<S> {
+    inner: S,
+    timeout: Duration,
+    blocked: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, timeout: Duration) -> Self {
+        WriteDeadline {
+            inner,
+            timeout,
+            blocked: None,
+        }
+    }
+
+    fn on_pending<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let timeout = self.timeout;
+        let sleep = self
+            .blocked
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        ready!(sleep.as_mut().poll(cx));
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client stopped reading",
+        )))
+    }
+
+    fn settle<T>(
+        &mut self,
+        poll: Poll<io::Result<T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<T>> {
+        match poll {
+            Poll::Ready(r) => {
+                self.blocked = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.on_pending(cx),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.settle(poll, cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.settle(poll, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.inner).poll_flush(cx);
+        this.settle(poll, cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}

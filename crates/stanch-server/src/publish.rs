@@ -1,0 +1,97 @@
+//! The published snapshot: one `ArcSwap` holding everything readers need, and a
+//! `watch` channel that only says "a new version exists".
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use stanch_api::RouteTable;
+use stanch_api::status::{AlertSummary, BlockStatus, ModelStatus, OverrideInfo};
+use tokio::sync::watch;
+
+/// What readers see: the route table (pre-serialized) and the engine's status.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The route table.
+    pub table: RouteTable,
+    /// `table` as JSON, serialized once for every reader.
+    pub json: Bytes,
+    /// `"<epoch>-<version>"`, quoted, for `ETag`.
+    pub etag: String,
+    /// Per-model status.
+    pub models: BTreeMap<String, ModelStatus>,
+    /// Active blocks.
+    pub blocks: Vec<BlockStatus>,
+    /// Dry-run, when on.
+    pub dry_run: Option<OverrideInfo>,
+    /// The global freeze, when on.
+    pub global_freeze: Option<OverrideInfo>,
+    /// Alert counts.
+    pub alerts: AlertSummary,
+}
+
+impl Snapshot {
+    /// A snapshot of `table` and the status parts.
+    pub fn new(
+        table: RouteTable,
+        models: BTreeMap<String, ModelStatus>,
+        blocks: Vec<BlockStatus>,
+        dry_run: Option<OverrideInfo>,
+        global_freeze: Option<OverrideInfo>,
+        alerts: AlertSummary,
+    ) -> Snapshot {
+        let json = Bytes::from(serde_json::to_vec(&table).expect("route tables serialize"));
+        let etag = format!("\"{}-{}\"", table.epoch, table.version);
+        Snapshot {
+            table,
+            json,
+            etag,
+            models,
+            blocks,
+            dry_run,
+            global_freeze,
+            alerts,
+        }
+    }
+}
+
+/// The single place the engine task publishes to.
+#[derive(Debug)]
+pub struct Publisher {
+    current: ArcSwap<Snapshot>,
+    version: watch::Sender<u64>,
+}
+
+impl Publisher {
+    /// A publisher holding `first`.
+    pub fn new(first: Snapshot) -> Publisher {
+        let (version, _) = watch::channel(first.table.version);
+        Publisher {
+            current: ArcSwap::from_pointee(first),
+            version,
+        }
+    }
+
+    /// The current snapshot.
+    pub fn load(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Replaces the snapshot; wakes watchers if the version changed. Never blocks.
+    pub fn publish(&self, next: Snapshot) {
+        let version = next.table.version;
+        let epoch_changed = self.current.load().table.epoch != next.table.epoch;
+        self.current.store(Arc::new(next));
+        self.version.send_if_modified(|v| {
+            let changed = *v != version || epoch_changed;
+            *v = version;
+            changed
+        });
+    }
+
+    /// A receiver that wakes on every new version (latest only).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+}

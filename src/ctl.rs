@@ -1,0 +1,542 @@
+//! `stanch ctl`: a client for the status and override APIs, for humans (tables) and
+//! scripts (`--output json`).
+#![expect(
+    clippy::print_stdout,
+    reason = "a command-line client prints its results"
+)]
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use stanch_api::admin::{
+    AdminResponse, BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest,
+    ThawRequest, UnblockAllRequest, UnblockRequest,
+};
+use stanch_api::status::{HistoryEntry, StatusReport};
+use stanch_api::{ErrorBody, HumanDuration, RouteTable, Rung, Timestamp};
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The controller's URL.
+    #[arg(
+        long,
+        env = "STANCH_URL",
+        default_value = "http://127.0.0.1:9797",
+        global = true
+    )]
+    server: String,
+    /// Bearer token (admin for overrides, read or admin otherwise).
+    #[arg(long, env = "STANCH_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value = "table", global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: CtlCmd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum CtlCmd {
+    /// Models, blocks, overrides and gateways at a glance.
+    Status,
+    /// The audit history, newest last.
+    History {
+        /// Entries to show.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Only this model.
+        #[arg(long)]
+        model: Option<String>,
+    },
+    /// The published route table.
+    Routes,
+    /// Pin a model to a rung.
+    Force {
+        model: String,
+        /// normal, failover, degraded or static.
+        rung: Rung,
+        #[arg(long)]
+        ttl: Option<HumanDuration>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Hand a pinned model back to automation.
+    Release {
+        model: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Stop automation for one model (or every model).
+    Freeze {
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long)]
+        ttl: Option<HumanDuration>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// End a freeze.
+    Thaw {
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Soft-block an endpoint.
+    Block {
+        endpoint: String,
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long)]
+        ttl: Option<HumanDuration>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lift a block.
+    Unblock {
+        endpoint: String,
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lift every block.
+    UnblockAll {
+        #[arg(long)]
+        reason: String,
+    },
+    /// Decide and report without publishing (on), or publish again (off).
+    DryRun {
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+struct Client {
+    http: reqwest::blocking::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn request(
+        &self,
+        req: reqwest::blocking::RequestBuilder,
+    ) -> Result<reqwest::blocking::Response, String> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        let response = req
+            .send()
+            .map_err(|e| format!("cannot reach {}: {e}", self.base))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        match response.json::<ErrorBody>() {
+            Ok(body) => Err(format!("{status}: {}: {}", body.error, body.detail)),
+            Err(_) => Err(format!("{status}")),
+        }
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        let response = self.request(self.http.get(format!("{}{path}", self.base)))?;
+        response
+            .json()
+            .map_err(|e| format!("unexpected answer: {e}"))
+    }
+
+    fn post<B: Serialize>(&self, path: &str, body: &B) -> Result<AdminResponse, String> {
+        let response = self.request(self.http.post(format!("{}{path}", self.base)).json(body))?;
+        response
+            .json()
+            .map_err(|e| format!("unexpected answer: {e}"))
+    }
+}
+
+pub fn run(args: CtlArgs) -> ExitCode {
+    let http = match reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(15))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let token = args
+        .token
+        .or_else(|| std::env::var("STANCH_ADMIN_TOKEN").ok())
+        .filter(|t| !t.is_empty());
+    let client = Client {
+        http,
+        base: args.server.trim_end_matches('/').to_owned(),
+        token,
+    };
+    match execute(&client, args.command, args.output) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default() + "\n"
+}
+
+fn execute(client: &Client, command: CtlCmd, output: Output) -> Result<String, String> {
+    let admin = |path: &str, response: Result<AdminResponse, String>| -> Result<String, String> {
+        let r = response?;
+        if output == Output::Json {
+            return Ok(json(&r));
+        }
+        let mut out = String::new();
+        if !r.changed {
+            writeln!(out, "{path}: nothing changed (already so)").ok();
+        }
+        for effect in &r.effects {
+            writeln!(out, "{effect}").ok();
+        }
+        writeln!(out, "route version {}", r.version).ok();
+        Ok(out)
+    };
+    match command {
+        CtlCmd::Status => {
+            let s: StatusReport = client.get("/v1/status")?;
+            Ok(if output == Output::Json {
+                json(&s)
+            } else {
+                render_status(&s)
+            })
+        }
+        CtlCmd::History { limit, model } => {
+            let mut path = format!("/v1/history?limit={limit}");
+            if let Some(m) = model {
+                path.push_str(&format!("&model={m}"));
+            }
+            let entries: Vec<HistoryEntry> = client.get(&path)?;
+            Ok(if output == Output::Json {
+                json(&entries)
+            } else {
+                render_history(&entries)
+            })
+        }
+        CtlCmd::Routes => {
+            let t: RouteTable = client.get("/v1/routes")?;
+            Ok(if output == Output::Json {
+                json(&t)
+            } else {
+                render_routes(&t)
+            })
+        }
+        CtlCmd::Force {
+            model,
+            rung,
+            ttl,
+            reason,
+        } => admin(
+            "force",
+            client.post(
+                "/v1/admin/force",
+                &ForceRequest {
+                    model,
+                    rung,
+                    ttl,
+                    reason,
+                },
+            ),
+        ),
+        CtlCmd::Release { model, reason } => admin(
+            "release",
+            client.post("/v1/admin/release", &ReleaseRequest { model, reason }),
+        ),
+        CtlCmd::Freeze { model, ttl, reason } => admin(
+            "freeze",
+            client.post("/v1/admin/freeze", &FreezeRequest { model, ttl, reason }),
+        ),
+        CtlCmd::Thaw { model, reason } => admin(
+            "thaw",
+            client.post("/v1/admin/thaw", &ThawRequest { model, reason }),
+        ),
+        CtlCmd::Block {
+            endpoint,
+            model,
+            ttl,
+            reason,
+        } => admin(
+            "block",
+            client.post(
+                "/v1/admin/block",
+                &BlockRequest {
+                    endpoint,
+                    model,
+                    ttl,
+                    reason,
+                },
+            ),
+        ),
+        CtlCmd::Unblock {
+            endpoint,
+            model,
+            reason,
+        } => admin(
+            "unblock",
+            client.post(
+                "/v1/admin/unblock",
+                &UnblockRequest {
+                    endpoint,
+                    model,
+                    reason,
+                },
+            ),
+        ),
+        CtlCmd::UnblockAll { reason } => admin(
+            "unblock-all",
+            client.post("/v1/admin/unblock-all", &UnblockAllRequest { reason }),
+        ),
+        CtlCmd::DryRun { state, reason } => {
+            let enabled = state == "on";
+            admin(
+                "dry-run",
+                client.post("/v1/admin/dry-run", &DryRunRequest { enabled, reason }),
+            )
+        }
+    }
+}
+
+/// Renders rows as aligned columns.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: Vec<&str>| {
+        let last = cells.len() - 1;
+        for (i, cell) in cells.iter().enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                write!(out, "{cell:<w$}  ", w = widths[i]).ok();
+            }
+        }
+        out.push('\n');
+    };
+    line(&mut out, header.to_vec());
+    for row in rows {
+        line(&mut out, row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn ago(now: Timestamp, t: Timestamp) -> String {
+    let secs = now.since(t).as_secs();
+    match secs {
+        0..60 => format!("{secs}s ago"),
+        60..3600 => format!("{}m{}s ago", secs / 60, secs % 60),
+        _ => format!("{}h{}m ago", secs / 3600, (secs % 3600) / 60),
+    }
+}
+
+fn render_status(s: &StatusReport) -> String {
+    let mut out = String::new();
+    writeln!(
+        out,
+        "route version {} (epoch {}), store {}{}",
+        s.version,
+        s.epoch,
+        s.store.kind,
+        if s.store.healthy { "" } else { " FAILING" }
+    )
+    .ok();
+    if let Some(why) = &s.store.recovered_from_corruption {
+        writeln!(
+            out,
+            "WARNING: state was unreadable at start and began anew: {why}"
+        )
+        .ok();
+    }
+    if let Some(d) = &s.dry_run {
+        writeln!(out, "DRY-RUN since {}: {}", ago(s.now, d.since), d.reason).ok();
+    }
+    if let Some(f) = &s.global_freeze {
+        writeln!(
+            out,
+            "FROZEN (all models) since {}: {}",
+            ago(s.now, f.since),
+            f.reason
+        )
+        .ok();
+    }
+    out.push('\n');
+    let rows: Vec<Vec<String>> = s
+        .models
+        .iter()
+        .map(|(name, m)| {
+            let mut flags = Vec::new();
+            if let Some(f) = &m.force {
+                flags.push(format!("forced({})", f.info.reason));
+            }
+            if m.freeze.is_some() {
+                flags.push("frozen".to_owned());
+            }
+            if let Some(p) = &m.pinned {
+                flags.push(format!("flap-pinned≥{}", p.rung));
+            }
+            if m.decided_rung != m.rung {
+                flags.push(format!("would be {}", m.decided_rung));
+            }
+            vec![
+                name.clone(),
+                m.rung.to_string(),
+                m.pool.clone(),
+                m.alias.clone().unwrap_or_else(|| "-".into()),
+                ago(s.now, m.since),
+                if flags.is_empty() {
+                    "-".into()
+                } else {
+                    flags.join(" ")
+                },
+                m.reason.clone(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "MODEL",
+            "RUNG",
+            "POOL",
+            "ALIAS",
+            "SINCE",
+            "OVERRIDES",
+            "REASON",
+        ],
+        &rows,
+    ));
+    if !s.blocked.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .blocked
+            .iter()
+            .map(|b| {
+                vec![
+                    b.endpoint.clone(),
+                    b.model.clone().unwrap_or_else(|| "(all)".into()),
+                    format!("{}s", b.seconds_left),
+                    b.strikes.to_string(),
+                    b.reason.clone(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["BLOCKED ENDPOINT", "MODEL", "LEFT", "STRIKES", "REASON"],
+            &rows,
+        ));
+    }
+    if !s.gateways.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .gateways
+            .iter()
+            .map(|g| {
+                vec![
+                    g.id.clone(),
+                    g.applied_version.map_or("-".into(), |v| v.to_string()),
+                    if g.converged {
+                        "yes".into()
+                    } else {
+                        "NO".into()
+                    },
+                    format!("{}s", g.age_seconds),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["GATEWAY", "APPLIED", "CONVERGED", "LAST SEEN"],
+            &rows,
+        ));
+    }
+    writeln!(
+        out,
+        "\n{} active alert(s), {} unmapped",
+        s.alerts.active, s.alerts.unmapped
+    )
+    .ok();
+    out
+}
+
+fn render_history(entries: &[HistoryEntry]) -> String {
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.seq.to_string(),
+                e.at.to_string(),
+                e.kind.clone(),
+                if e.dry_run {
+                    format!("(dry-run) {}", e.summary)
+                } else {
+                    e.summary.clone()
+                },
+            ]
+        })
+        .collect();
+    table(&["SEQ", "AT", "KIND", "WHAT"], &rows)
+}
+
+fn render_routes(t: &RouteTable) -> String {
+    let mut out = format!(
+        "version {} epoch {} hash {} generated {}\n\n",
+        t.version, t.epoch, t.hash, t.generated_at
+    );
+    let rows: Vec<Vec<String>> = t
+        .models
+        .iter()
+        .map(|(name, m)| {
+            vec![
+                name.clone(),
+                m.rung.to_string(),
+                m.pool.clone(),
+                m.alias.clone().unwrap_or_else(|| "-".into()),
+                m.faq.clone().unwrap_or_else(|| "-".into()),
+                m.lease_until.to_string(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["MODEL", "RUNG", "POOL", "ALIAS", "FAQ", "LEASE UNTIL"],
+        &rows,
+    ));
+    for b in &t.blocked {
+        writeln!(
+            out,
+            "blocked {} ({}) until {}: {}",
+            b.endpoint,
+            b.model.as_deref().unwrap_or("all"),
+            b.until,
+            b.reason
+        )
+        .ok();
+    }
+    out
+}

@@ -69,17 +69,33 @@ pub(crate) fn only_endpoint(config: &Config, key: &BlockKey) -> bool {
         .any(|p| p.endpoints().len() == 1 && p.endpoints()[0] == key.endpoint)
 }
 
-/// Blocks `key`, with backoff from its recent strikes and (unless `fixed` is given) jitter.
+/// A block to make.
+pub(crate) struct NewBlock {
+    /// What to block.
+    pub key: BlockKey,
+    /// Why.
+    pub reason: String,
+    /// Who asked.
+    pub source: BlockSource,
+    /// An exact length (an operator's), instead of the policy's with backoff and jitter.
+    pub fixed: Option<Duration>,
+}
+
+/// Makes a block, with backoff from the key's recent strikes and (unless its length
+/// is fixed) jitter.
 pub(crate) fn block(
     state: &mut EngineState,
     policy: &BlockPolicy,
-    key: BlockKey,
-    reason: String,
-    source: BlockSource,
-    fixed: Option<Duration>,
+    new: NewBlock,
     now: Timestamp,
     out: &mut Vec<Decision>,
 ) {
+    let NewBlock {
+        key,
+        reason,
+        source,
+        fixed,
+    } = new;
     let strikes = match state.strikes.get(&key) {
         Some(s) if now.since(s.last) <= policy.backoff.reset_after.0 => s.count.saturating_add(1),
         _ => 1,

@@ -13,7 +13,7 @@ use stanch_api::routes::{BlockedEndpoint, ModelRoute};
 use stanch_api::status::{BlockStatus, ForceInfo, ModelStatus, OverrideInfo};
 use stanch_api::{Fingerprint, HumanDuration, RouteTable, Rung, Timestamp};
 
-use crate::blocks;
+use crate::blocks::{self, NewBlock};
 use crate::config::Config;
 use crate::decision::{Decision, ResolvedBy};
 use crate::ladder::{self, Ctx, Health};
@@ -442,7 +442,14 @@ impl Engine {
                 }
             }
             AlertStatus::Resolved => match self.state.alerts.get(&fp) {
-                Some(record) if alert.starts_at < record.alert.starts_at => {
+                // Alertmanager merges overlapping alerts, so a genuine resolution may
+                // carry an earlier startsAt; only one that ended before the current
+                // instance began belongs to an older instance.
+                Some(record)
+                    if alert
+                        .ends_at
+                        .is_some_and(|end| end < record.alert.starts_at) =>
+                {
                     out.push(Decision::AlertIgnored {
                         fingerprint: fp,
                         why: "resolution of an older instance of an alert that fired again"
@@ -587,16 +594,13 @@ impl Engine {
                 }),
                 None => {
                     let reason = format!("{} still failing; extended", key.endpoint);
-                    blocks::block(
-                        &mut self.state,
-                        policy,
+                    let new = NewBlock {
                         key,
                         reason,
-                        record.source,
-                        None,
-                        now,
-                        out,
-                    );
+                        source: record.source,
+                        fixed: None,
+                    };
+                    blocks::block(&mut self.state, policy, new, now, out);
                 }
             }
         }
@@ -636,16 +640,13 @@ impl Engine {
                     why: format!("matches never-block pattern {pattern:?}"),
                 });
             } else if !self.state.blocks.contains_key(&key) {
-                blocks::block(
-                    &mut self.state,
-                    policy,
+                let new = NewBlock {
                     key,
                     reason,
-                    BlockSource::Alert(fp),
-                    None,
-                    now,
-                    out,
-                );
+                    source: BlockSource::Alert(fp),
+                    fixed: None,
+                };
+                blocks::block(&mut self.state, policy, new, now, out);
             }
         }
     }
@@ -877,16 +878,13 @@ impl Engine {
                 );
                 let fixed = Some(ttl.map_or(self.config.blocking.ttl.0, |d| d.0));
                 let policy = &self.config.blocking;
-                blocks::block(
-                    &mut self.state,
-                    policy,
+                let new = NewBlock {
                     key,
                     reason,
-                    BlockSource::Operator,
+                    source: BlockSource::Operator,
                     fixed,
-                    now,
-                    out,
-                );
+                };
+                blocks::block(&mut self.state, policy, new, now, out);
             }
             Command::Unblock {
                 endpoint,

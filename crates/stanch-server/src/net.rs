@@ -219,3 +219,46 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::WriteDeadline;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_is_cut_off() {
+        let (ours, _theirs) = tokio::io::duplex(64);
+        let mut conn = WriteDeadline::new(ours, Duration::from_secs(10));
+        conn.write_all(&[0; 64]).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let err = conn.write_all(&[0; 1]).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_but_reading_client_is_kept() {
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let mut conn = WriteDeadline::new(ours, Duration::from_secs(10));
+        let reader = tokio::spawn(async move {
+            let mut buf = [0; 64];
+            let mut total = 0;
+            while total < 640 {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                total += theirs.read(&mut buf).await.unwrap();
+            }
+        });
+        let started = tokio::time::Instant::now();
+        conn.write_all(&[0; 640])
+            .await
+            .expect("progress resets the deadline");
+        assert!(
+            started.elapsed() > Duration::from_secs(10),
+            "longer than one deadline in all"
+        );
+        reader.await.unwrap();
+    }
+}

@@ -7,6 +7,7 @@
 //! at 0s    fire HighErrors action=trigger-failover target_model=qwen-72b pool=dc-a
 //! at 20s   resolve HighErrors          (fire takes started=OFFSET for a fixed startsAt)
 //! at 20s   define Missed labels...     (an alert whose notification was lost)
+//! at 20s   resolve NAME ended=OFFSET   (a resolution with its endsAt; started= too)
 //! at 20s   push KV ends=+30s action=trigger-model-degradation target_model=qwen-72b
 //! at 30s   force qwen-72b static ttl=5m reason=drill
 //! at 40s   release qwen-72b | freeze [model] | thaw [model] | block EP [model] | unblock EP [model]
@@ -81,6 +82,12 @@ impl AlertBuilder {
     /// Makes it a Prometheus push ending at `t`.
     pub fn pushed_until(mut self, t: Timestamp) -> Self {
         self.source = AlertSource::Prometheus;
+        self.ends_at = Some(t);
+        self
+    }
+
+    /// Sets the end.
+    pub fn ended(mut self, t: Timestamp) -> Self {
         self.ends_at = Some(t);
         self
     }
@@ -205,8 +212,15 @@ pub fn run(text: &str) -> String {
                 let b = fired
                     .get(positional[0])
                     .unwrap_or_else(|| panic!("{} never fired", positional[0]));
+                let mut b = b.clone().resolved();
+                if let Some(start) = named.get("started") {
+                    b = b.at(T0 + offset(start));
+                }
+                if let Some(end) = named.get("ended") {
+                    b = b.ended(T0 + offset(end));
+                }
                 Input::Alerts {
-                    alerts: vec![b.clone().resolved().build()],
+                    alerts: vec![b.build()],
                 }
             }
             "reconcile" => Input::Reconcile {

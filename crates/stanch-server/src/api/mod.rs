@@ -92,6 +92,28 @@ impl Shared {
 /// Handler state.
 pub type AppState = Arc<Shared>;
 
+/// Every route [`router`] serves, as (method, path). `docs/openapi.yaml` must list
+/// exactly these; a test holds the three together.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/alerts/alertmanager"),
+    ("POST", "/api/v2/alerts"),
+    ("POST", "/v1/admin/force"),
+    ("POST", "/v1/admin/release"),
+    ("POST", "/v1/admin/freeze"),
+    ("POST", "/v1/admin/thaw"),
+    ("POST", "/v1/admin/block"),
+    ("POST", "/v1/admin/unblock"),
+    ("POST", "/v1/admin/unblock-all"),
+    ("POST", "/v1/admin/dry-run"),
+    ("GET", "/v1/routes"),
+    ("GET", "/v1/routes/stream"),
+    ("GET", "/v1/status"),
+    ("GET", "/v1/history"),
+    ("GET", "/metrics"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+];
+
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
     let limit = state.config.intake.max_body_bytes;

@@ -1,0 +1,226 @@
+//! Alert intake: the real captured payloads, and everything a sender can get wrong.
+
+use serde_json::Value;
+use std::time::Duration;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn alertmanager_fixtures_drive_the_ladder() {
+    let h = Harness::start().await;
+    let v0 = h.routes().await["version"].as_u64().unwrap();
+
+    let r = h
+        .webhook(fixture("alertmanager-v4-firing-failover.json"))
+        .await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["accepted"], 1);
+    let v1 = body["version"].as_u64().unwrap();
+    assert!(v1 > v0);
+    // The answer came after the version was published: it is visible at once.
+    let routes = h.routes().await;
+    assert_eq!(routes["version"], v1);
+    assert_eq!(routes["models"]["qwen-72b"]["rung"], "failover");
+    assert_eq!(routes["models"]["qwen-72b"]["pool"], "dc-b");
+    assert_eq!(
+        routes["models"]["qwen-72b"]["alerts"][0],
+        "7e517a555438361b"
+    );
+
+    h.webhook(fixture("alertmanager-v4-firing-degradation.json"))
+        .await;
+    let routes = h.routes().await;
+    assert_eq!(routes["models"]["qwen-72b"]["rung"], "degraded");
+    assert_eq!(routes["models"]["qwen-72b"]["alias"], "qwen-14b");
+    assert_eq!(routes["models"]["qwen-72b"]["alias_exempt"][0], "vip");
+
+    let r = h
+        .webhook(fixture("alertmanager-v4-resolved-failover.json"))
+        .await;
+    assert_eq!(r.status(), 200);
+    let status = h.json("/v1/status").await;
+    assert_eq!(
+        status["alerts"]["active"], 1,
+        "only the degradation alert is left"
+    );
+    // De-escalation waits for the stabilization window; the rung holds.
+    assert_eq!(h.routes().await["models"]["qwen-72b"]["rung"], "degraded");
+}
+
+#[tokio::test]
+async fn duplicate_deliveries_change_nothing() {
+    let h = Harness::start().await;
+    let first: Value = h
+        .webhook(fixture("alertmanager-v4-firing-failover.json"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let again: Value = h
+        .webhook(fixture("alertmanager-v4-firing-failover.json"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(first["version"], again["version"]);
+    // A late firing after the resolution is recognised and ignored.
+    h.webhook(fixture("alertmanager-v4-resolved-failover.json"))
+        .await;
+    h.webhook(fixture("alertmanager-v4-firing-failover.json"))
+        .await;
+    assert_eq!(h.json("/v1/status").await["alerts"]["active"], 0);
+}
+
+#[tokio::test]
+async fn prometheus_push_fixtures_and_expiry() {
+    let h = Harness::start().await;
+    let r = h
+        .post(
+            "/api/v2/alerts",
+            Some(INGEST),
+            fixture("prometheus-v2-firing-failover.json"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.routes().await["models"]["qwen-72b"]["rung"], "failover");
+    assert_eq!(h.json("/v1/status").await["alerts"]["active"], 1);
+    // Its endsAt (00:07:02) passes without a refresh: the alert expires on its own.
+    h.clock.advance(Duration::from_secs(3));
+    wait_for(|| async { h.json("/v1/status").await["alerts"]["active"] == 0 }).await;
+    // A resolved push for an alert no longer active changes nothing.
+    let r = h
+        .post(
+            "/api/v2/alerts",
+            Some(INGEST),
+            fixture("prometheus-v2-resolved-failover.json"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+}
+
+/// Polls `check` for up to 5 s.
+pub async fn wait_for<F, Fut>(check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..100 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("condition not met within 5s");
+}
+
+#[tokio::test]
+async fn malformed_payloads_get_400_naming_the_field() {
+    let h = Harness::start().await;
+    let r = h.webhook("{not json").await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"], "invalid_payload");
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("body is not valid JSON"),
+        "{e}"
+    );
+
+    let r = h.webhook(r#"{"version":"4","alerts":{}}"#).await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(e["detail"].as_str().unwrap().starts_with("alerts:"), "{e}");
+
+    let r = h
+        .post("/api/v2/alerts", Some(INGEST), r#"{"labels":{}}"#)
+        .await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(e["detail"].as_str().unwrap().contains("array"), "{e}");
+}
+
+#[tokio::test]
+async fn one_bad_alert_does_not_drop_the_batch() {
+    let h = Harness::start().await;
+    let body = r#"{"version":"4","alerts":[
+        {"status":"firing","labels":{"action":"trigger-failover","target_model":"qwen-72b","pool":"dc-a"},"startsAt":"2026-11-30T00:06:00Z"},
+        {"status":"firing","labels":{"alertname":"Broken"},"startsAt":"yesterday"}]}"#;
+    let r = h.webhook(body).await;
+    assert_eq!(r.status(), 200);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["accepted"], 1);
+    assert_eq!(b["rejected"][0]["index"], 1);
+    assert!(
+        b["rejected"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("alerts[1].startsAt"),
+        "{b}"
+    );
+    assert_eq!(h.routes().await["models"]["qwen-72b"]["rung"], "failover");
+    let metrics = h.get("/metrics", None).await.text().await.unwrap();
+    assert!(
+        metrics.contains(
+            r#"stanch_alerts_rejected_total{source="alertmanager",reason="bad_alert"} 1"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn oversized_bodies_get_413() {
+    let h = Harness::start().await;
+    let big = vec![b' '; 1024 * 1024 + 1];
+    let r = h.webhook(big).await;
+    assert_eq!(r.status(), 413);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"], "too_large");
+}
+
+#[tokio::test]
+async fn intake_needs_the_ingest_token() {
+    let h = Harness::start().await;
+    let body = fixture("alertmanager-v4-firing-failover.json");
+    let r = h.post("/v1/alerts/alertmanager", None, body.clone()).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    assert_eq!(
+        h.post("/v1/alerts/alertmanager", Some("wrong"), body.clone())
+            .await
+            .status(),
+        401
+    );
+    assert_eq!(
+        h.post("/v1/alerts/alertmanager", Some(READ), body.clone())
+            .await
+            .status(),
+        401
+    );
+    assert_eq!(
+        h.post("/v1/alerts/alertmanager", Some(ADMIN), body)
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn unmapped_alerts_are_counted_not_refused() {
+    let h = Harness::start().await;
+    let body = webhook_body(
+        "firing",
+        &[("alertname", "DiskFull")],
+        "2026-11-30T00:06:00Z",
+    );
+    assert_eq!(h.webhook(body).await.status(), 200);
+    let status = h.json("/v1/status").await;
+    assert_eq!(status["alerts"]["unmapped"], 1);
+    let metrics = h.get("/metrics", None).await.text().await.unwrap();
+    assert!(
+        metrics.contains("stanch_alerts_unmapped_total 1"),
+        "{metrics}"
+    );
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the controller over real HTTP on loopback.
+
+mod admin;
+mod intake;
+mod metrics;
+mod openapi;
+mod reconcile;
+mod restart;
+mod support;
+mod watch;

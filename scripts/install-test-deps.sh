@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what stanch's tests run against, when missing: real Alertmanager (and
+# Prometheus, for promtool and the closed-loop tests) from Debian's packages.
+# Safe to run repeatedly; needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+need=()
+command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "install-test-deps: need root to install: ${need[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+
+echo "install-test-deps: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+# Packages' post-install scripts must not start system services on a test machine.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+  $sudo chmod +x /usr/sbin/policy-rc.d
+fi
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -7,6 +7,7 @@ set -euo pipefail
 need=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -165,6 +165,16 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let open = tokens.open_roles();
+    if !open.is_empty() && !args.listen.ip().is_loopback() {
+        let roles = open.iter().map(|r| r.name()).collect::<Vec<_>>().join(", ");
+        eprintln!(
+            "refusing to listen on {} without a token for role(s) {roles}: set STANCH_INGEST_TOKEN, \
+             STANCH_ADMIN_TOKEN and STANCH_READ_TOKEN (or auth.*_token_file), or listen on loopback",
+            args.listen
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let settings = Settings {
         config,
         data_dir: match args.store {

@@ -1,0 +1,4 @@
+//! Tests of the `stanch` binary as an operator runs it.
+
+mod cli;
+mod process;

@@ -1,0 +1,210 @@
+//! The real process: `kill -9` mid-incident, `stanch ctl`, and TLS.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/crates/stanch-server/tests/fixtures/alertmanager-v4-firing-failover.json"
+);
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(data: &Path, extra: &[&str], scheme: &str) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(env!("CARGO_BIN_EXE_stanch"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .args(extra)
+            .env("STANCH_ADMIN_TOKEN", "adm")
+            .env("STANCH_INGEST_TOKEN", "ing")
+            .env("STANCH_READ_TOKEN", "rd")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Server {
+            child,
+            base: format!("{scheme}://127.0.0.1:{port}"),
+        };
+        let http = client();
+        for _ in 0..200 {
+            if http
+                .get(format!("{}/readyz", server.base))
+                .send()
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("stanch did not become ready");
+    }
+
+    fn routes(&self) -> Value {
+        client()
+            .get(format!("{}/v1/routes", self.base))
+            .bearer_auth("rd")
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_stanch"))
+            .arg("ctl")
+            .args(["--server", &self.base])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .no_proxy()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn kill_9_mid_incident_resumes_the_same_state() {
+    let data = tempfile::tempdir().unwrap();
+    let mut first = Server::start(data.path(), &[], "http");
+    let r = client()
+        .post(format!("{}/v1/alerts/alertmanager", first.base))
+        .bearer_auth("ing")
+        .body(std::fs::read(FIXTURE).unwrap())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let out = first.ctl(&[
+        "--token", "adm", "force", "qwen-14b", "static", "--ttl", "1h", "--reason", "drill",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = first.routes();
+
+    first.child.kill().unwrap(); // SIGKILL: no chance to save anything on the way out.
+    first.child.wait().unwrap();
+
+    let second = Server::start(data.path(), &[], "http");
+    let after = second.routes();
+    assert_eq!(after["epoch"], before["epoch"]);
+    assert_eq!(after["version"], before["version"]);
+    assert_eq!(after["models"], before["models"]);
+    assert_eq!(after["models"]["qwen-72b"]["rung"], "failover");
+    assert_eq!(after["models"]["qwen-14b"]["rung"], "static");
+}
+
+#[test]
+fn ctl_shows_tables_json_and_errors() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(data.path(), &[], "http");
+    let out = server.ctl(&["--token", "rd", "status"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("MODEL") && text.contains("qwen-72b") && text.contains("normal"),
+        "{text}"
+    );
+
+    let out = server.ctl(&[
+        "--token", "adm", "--output", "json", "freeze", "--model", "qwen-72b", "--reason", "look",
+    ]);
+    assert!(out.status.success());
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["changed"], true);
+
+    let out = server.ctl(&["--token", "rd", "unblock-all", "--reason", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "a read token cannot override"
+    );
+
+    let out = server.ctl(&[
+        "--token", "adm", "force", "ghost", "static", "--reason", "x",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("model: \"ghost\" is not configured"));
+
+    let out = server.ctl(&["--token", "rd", "history"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("frozen"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn serves_tls_when_given_a_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl is installed by scripts/install-test-deps.sh");
+    assert!(made.success());
+    let server = Server::start(
+        &dir.path().join("data"),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        "https",
+    );
+    assert_eq!(server.routes()["models"]["qwen-72b"]["rung"], "normal");
+    let plain = server.base.replace("https://", "http://");
+    assert!(
+        client().get(format!("{plain}/healthz")).send().is_err(),
+        "plain HTTP is not served"
+    );
+}

@@ -76,6 +76,10 @@ struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "STANCH_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Threads running the controller's async work. One is plenty for thousands of
+    /// watchers and keeps memory flat (see docs/benchmarks.md); fsync runs on its own.
+    #[arg(long, env = "STANCH_WORKER_THREADS", default_value_t = 1)]
+    worker_threads: usize,
 }
 
 fn main() -> ExitCode {
@@ -186,10 +190,17 @@ fn serve(args: ServeArgs) -> ExitCode {
         alertmanager_token: am_token,
         limits: ConnLimits::default(),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = if args.worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.worker_threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -207,12 +218,23 @@ fn serve(args: ServeArgs) -> ExitCode {
 }
 
 async fn run(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
     controller.run_until(shutdown_signal()).await;
     Ok(())
+}
+
+/// Binds with a deep accept backlog: after a controller restart, every gateway of the
+/// fleet reconnects at once.
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
 }
 
 async fn shutdown_signal() {

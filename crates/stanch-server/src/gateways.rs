@@ -51,7 +51,18 @@ impl Gateways {
                 (v, why.chars().take(256).collect())
             });
         let mut seen = self.seen.lock().expect("gateways lock");
-        if !seen.contains_key(id) && seen.len() >= MAX_GATEWAYS {
+        // The common case, a gateway polling again, allocates nothing.
+        if let Some(entry) = seen.get_mut(id) {
+            entry.last_seen = now;
+            if applied.is_some() {
+                entry.applied = applied;
+            }
+            if rejected.is_some() {
+                entry.rejected = rejected;
+            }
+            return;
+        }
+        if seen.len() >= MAX_GATEWAYS {
             if let Some(oldest) = seen
                 .iter()
                 .min_by_key(|(_, s)| s.last_seen)

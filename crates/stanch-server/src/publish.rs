@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use axum::http::{HeaderName, HeaderValue, header};
 use bytes::Bytes;
 use stanch_api::RouteTable;
+use stanch_api::headers::{EPOCH, ROUTE_VERSION};
 use stanch_api::status::{AlertSummary, BlockStatus, ModelStatus, OverrideInfo};
 use tokio::sync::watch;
 
@@ -17,8 +19,13 @@ pub struct Snapshot {
     pub table: RouteTable,
     /// `table` as JSON, serialized once for every reader.
     pub json: Bytes,
+    /// `table` as one SSE event (`event`, `id`, `data`), rendered once and shared by
+    /// every stream.
+    pub sse_event: Bytes,
     /// `"<epoch>-<version>"`, quoted, for `ETag`.
     pub etag: String,
+    /// Response headers of every route answer, built once: `ETag`, epoch, version.
+    pub headers: [(HeaderName, HeaderValue); 3],
     /// Per-model status.
     pub models: BTreeMap<String, ModelStatus>,
     /// Active blocks.
@@ -42,10 +49,27 @@ impl Snapshot {
         alerts: AlertSummary,
     ) -> Snapshot {
         let json = Bytes::from(serde_json::to_vec(&table).expect("route tables serialize"));
+        // Compact JSON has no newlines, so it is one `data:` line.
+        let mut event = format!("event: routes\nid: {}\ndata: ", table.version).into_bytes();
+        event.extend_from_slice(&json);
+        event.extend_from_slice(b"\n\n");
         let etag = format!("\"{}-{}\"", table.epoch, table.version);
+        let text = |s: &str| {
+            HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+        };
+        let headers = [
+            (header::ETAG, text(&etag)),
+            (HeaderName::from_static(EPOCH), text(&table.epoch)),
+            (
+                HeaderName::from_static(ROUTE_VERSION),
+                HeaderValue::from(table.version),
+            ),
+        ];
         Snapshot {
+            headers,
             table,
             json,
+            sse_event: Bytes::from(event),
             etag,
             models,
             blocks,

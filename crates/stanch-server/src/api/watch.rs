@@ -13,12 +13,10 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use futures_util::Stream;
+use bytes::Bytes;
 use serde::Deserialize;
 use stanch_api::HumanDuration;
 use stanch_api::hash::Fnv64;
-use stanch_api::headers::{EPOCH, ROUTE_VERSION};
 
 use super::{AppState, WatcherGuard};
 use crate::error::ApiError;
@@ -52,12 +50,8 @@ fn table_response(snap: &Snapshot, status: StatusCode) -> Response {
         HeaderValue::from_static("application/json"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    if let Ok(v) = HeaderValue::from_str(&snap.etag) {
-        h.insert(header::ETAG, v);
-    }
-    h.insert(ROUTE_VERSION, HeaderValue::from(snap.table.version));
-    if let Ok(v) = HeaderValue::from_str(&snap.table.epoch) {
-        h.insert(EPOCH, v);
+    for (name, value) in &snap.headers {
+        h.insert(name.clone(), value.clone());
     }
     response
 }
@@ -91,16 +85,17 @@ pub(super) async fn routes(
     if news(&snap) {
         return Ok(table_response(&snap, StatusCode::OK));
     }
+    let wait = query
+        .wait
+        .map_or(DEFAULT_WAIT, |w| w.0)
+        .min(state.config.watch.max_wait.0);
+    let wait = jittered(wait, &state, &headers);
+    // Header values are slices of the connection's read buffer: holding them through
+    // the wait would pin that buffer and make the connection allocate another.
+    drop(headers);
+    drop(snap);
     let _guard = WatcherGuard::admit(&state, "long_poll")?;
     let mut rx = state.publisher.subscribe();
-    let wait = jittered(
-        query
-            .wait
-            .map_or(DEFAULT_WAIT, |w| w.0)
-            .min(state.config.watch.max_wait.0),
-        &state,
-        &headers,
-    );
     let deadline = tokio::time::sleep(wait);
     tokio::pin!(deadline);
     loop {
@@ -131,44 +126,77 @@ fn jittered(wait: Duration, state: &AppState, headers: &HeaderMap) -> Duration {
     wait.mul_f64(1.0 + 0.1 * unit)
 }
 
+/// An SSE comment line that keeps idle streams open through proxies.
+const HEARTBEAT: &[u8] = b":heartbeat\n\n";
+
 /// `GET /v1/routes/stream`: one SSE event per version, `id:` the version.
+///
+/// Each event is rendered once per version and the same buffer is sent to every
+/// watcher, so a thousand watchers cost a thousand reference counts, not a thousand
+/// copies of the table.
 pub(super) async fn stream(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     state.gateways.observe(&headers, state.clock.now());
     let guard = WatcherGuard::admit(&state, "sse")?;
     let resume: Option<u64> = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok());
-    let rx = state.publisher.subscribe();
-    let publisher = Arc::clone(&state.publisher);
-    // The last (epoch, version) sent; a resumed stream knows only the version.
-    let sent: Option<(Option<String>, u64)> = resume.map(|v| (None, v));
-    let events =
-        futures_util::stream::unfold((rx, sent, guard), move |(mut rx, mut sent, guard)| {
-            let publisher = Arc::clone(&publisher);
-            async move {
-                loop {
-                    let snap = publisher.load();
-                    let already = sent.as_ref().is_some_and(|(epoch, version)| {
-                        *version == snap.table.version
-                            && epoch.as_ref().is_none_or(|e| *e == snap.table.epoch)
-                    });
-                    if !already {
-                        sent = Some((Some(snap.table.epoch.clone()), snap.table.version));
-                        let data = std::str::from_utf8(&snap.json).unwrap_or("{}");
-                        let event = Event::default()
-                            .event("routes")
-                            .id(snap.table.version.to_string())
-                            .data(data);
-                        return Some((Ok(event), (rx, sent, guard)));
-                    }
-                    rx.changed().await.ok()?;
-                }
-            }
-        });
     let heartbeat = state.config.watch.heartbeat.0;
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat")))
+    let watch = SseWatch {
+        rx: state.publisher.subscribe(),
+        publisher: Arc::clone(&state.publisher),
+        // A resumed stream knows the version it has, not its epoch.
+        sent: resume.map(|v| (None, v)),
+        heartbeat: tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat),
+        _guard: guard,
+    };
+    let events = futures_util::stream::unfold(watch, |mut w| async move {
+        let chunk = w.next().await?;
+        Some((Ok::<Bytes, Infallible>(chunk), w))
+    });
+    let mut response = Response::new(Body::from_stream(events));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Tell nginx-style proxies not to buffer the stream.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// One SSE watcher's state: latest-only, so nothing queues up for a slow client.
+struct SseWatch {
+    rx: tokio::sync::watch::Receiver<u64>,
+    publisher: Arc<crate::publish::Publisher>,
+    /// The last (epoch, version) sent.
+    sent: Option<(Option<String>, u64)>,
+    heartbeat: tokio::time::Interval,
+    _guard: WatcherGuard,
+}
+
+impl SseWatch {
+    /// The next chunk to send: the current version if not sent yet, else a heartbeat
+    /// or whatever is published next. `None` when the controller shuts down.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            let snap = self.publisher.load();
+            let already = self.sent.as_ref().is_some_and(|(epoch, version)| {
+                *version == snap.table.version
+                    && epoch.as_ref().is_none_or(|e| *e == snap.table.epoch)
+            });
+            if !already {
+                self.sent = Some((Some(snap.table.epoch.clone()), snap.table.version));
+                return Some(snap.sse_event.clone());
+            }
+            tokio::select! {
+                changed = self.rx.changed() => changed.ok()?,
+                _ = self.heartbeat.tick() => return Some(Bytes::from_static(HEARTBEAT)),
+            }
+        }
+    }
 }

@@ -171,6 +171,11 @@ impl Controller {
             wake.notify_one(); // Reconcile once at start: notifications may have been missed while down.
             tasks.spawn(reconciler.run(until_stopped()));
         }
+        // A watcher that stops reading is disconnected after the configured timeout.
+        let limits = ConnLimits {
+            write_timeout: config.watch.slow_client_timeout.0,
+            ..settings.limits
+        };
         let shared = api::Shared::new(
             started.handle.clone(),
             started.publisher.clone(),
@@ -184,7 +189,6 @@ impl Controller {
         );
         let app = api::router(Arc::new(shared));
         tasks.spawn(started.task.run(until_stopped()));
-        let limits = settings.limits;
         let scheme = if tls.is_some() { "https" } else { "http" };
         tasks.spawn(
             net::serve(listener, app, tls, limits, until_stopped())

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, debug_span, info, warn};
 
 /// Per-connection limits.
 #[derive(Debug, Clone, Copy)]
@@ -69,36 +69,41 @@ pub async fn serve(
         let app = app.clone();
         let tls = tls.clone();
         let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let service = TowerToHyperService::new(app);
-            let builder = {
-                let mut b = hyper::server::conn::http1::Builder::new();
-                b.timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout);
-                b
-            };
-            let result = match tls {
-                None => {
-                    watcher
-                        .watch(builder.serve_connection(TokioIo::new(io), service))
-                        .await
-                }
-                Some(acceptor) => {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io)).await {
-                        Ok(Ok(stream)) => {
-                            watcher
-                                .watch(builder.serve_connection(TokioIo::new(stream), service))
-                                .await
-                        }
-                        Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => return debug!(%peer, "TLS handshake timed out"),
+        tokio::spawn(
+            async move {
+                let service = TowerToHyperService::new(app);
+                let builder = {
+                    let mut b = hyper::server::conn::http1::Builder::new();
+                    b.timer(TokioTimer::new())
+                        .header_read_timeout(limits.header_timeout);
+                    b
+                };
+                let result = match tls {
+                    None => {
+                        watcher
+                            .watch(builder.serve_connection(TokioIo::new(io), service))
+                            .await
                     }
+                    Some(acceptor) => {
+                        match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io))
+                            .await
+                        {
+                            Ok(Ok(stream)) => {
+                                watcher
+                                    .watch(builder.serve_connection(TokioIo::new(stream), service))
+                                    .await
+                            }
+                            Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
+                            Err(_) => return debug!(%peer, "TLS handshake timed out"),
+                        }
+                    }
+                };
+                if let Err(e) = result {
+                    debug!(error = %e, "connection ended with an error");
                 }
-            };
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "connection ended with an error");
             }
-        });
+            .instrument(debug_span!("conn", %peer)),
+        );
     }
     info!("listener closed; draining connections");
     tokio::select! {

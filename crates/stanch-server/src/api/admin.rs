@@ -30,12 +30,46 @@ fn parse<T: DeserializeOwned>(
     })
 }
 
+/// An override request: its reason, and the engine command it asks for.
+pub(super) trait Override: DeserializeOwned {
+    /// The operator's reason.
+    fn reason(&self) -> &str;
+    /// The command for the engine.
+    fn into_command(self) -> Command;
+}
+
+macro_rules! overrides {
+    ($($request:ty => |$r:ident| $command:expr;)*) => {$(
+        impl Override for $request {
+            fn reason(&self) -> &str {
+                &self.reason
+            }
+            fn into_command(self) -> Command {
+                let $r = self;
+                $command
+            }
+        }
+    )*};
+}
+
+overrides! {
+    ForceRequest => |r| Command::Force { model: r.model, rung: r.rung, ttl: r.ttl, reason: r.reason };
+    ReleaseRequest => |r| Command::Release { model: r.model, reason: r.reason };
+    FreezeRequest => |r| Command::Freeze { model: r.model, ttl: r.ttl, reason: r.reason };
+    ThawRequest => |r| Command::Thaw { model: r.model, reason: r.reason };
+    BlockRequest => |r| Command::Block { endpoint: r.endpoint, model: r.model, ttl: r.ttl, reason: r.reason };
+    UnblockRequest => |r| Command::Unblock { endpoint: r.endpoint, model: r.model, reason: r.reason };
+    UnblockAllRequest => |r| Command::UnblockAll { reason: r.reason };
+    DryRunRequest => |r| Command::DryRun { enabled: r.enabled, reason: r.reason };
+}
+
+/// Validates, applies and reports one override; also says whether it changed anything.
 async fn run(
     state: &AppState,
-    reason: &str,
-    command: Command,
+    request: impl Override,
 ) -> Result<(bool, Json<AdminResponse>), ApiError> {
-    validate_reason(reason).map_err(ApiError::invalid)?;
+    validate_reason(request.reason()).map_err(ApiError::invalid)?;
+    let command = request.into_command();
     check_command(&state.config, &command).map_err(ApiError::invalid)?;
     let applied = state.engine.apply(Input::Command { command }).await?;
     let changed = applied
@@ -66,99 +100,13 @@ async fn run(
     ))
 }
 
-/// `POST /v1/admin/force`
-pub(super) async fn force(
+/// `POST /v1/admin/{force,release,freeze,thaw,block,unblock-all,dry-run}`.
+pub(super) async fn apply<R: Override>(
     State(s): State<AppState>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AdminResponse>, ApiError> {
-    let r: ForceRequest = parse(&s, raw)?;
-    let reason = r.reason.clone();
-    Ok(run(
-        &s,
-        &reason,
-        Command::Force {
-            model: r.model,
-            rung: r.rung,
-            ttl: r.ttl,
-            reason: r.reason,
-        },
-    )
-    .await?
-    .1)
-}
-
-/// `POST /v1/admin/release`
-pub(super) async fn release(
-    State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<AdminResponse>, ApiError> {
-    let r: ReleaseRequest = parse(&s, raw)?;
-    let reason = r.reason.clone();
-    Ok(run(
-        &s,
-        &reason,
-        Command::Release {
-            model: r.model,
-            reason: r.reason,
-        },
-    )
-    .await?
-    .1)
-}
-
-/// `POST /v1/admin/freeze`
-pub(super) async fn freeze(
-    State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<AdminResponse>, ApiError> {
-    let r: FreezeRequest = parse(&s, raw)?;
-    let reason = r.reason.clone();
-    Ok(run(
-        &s,
-        &reason,
-        Command::Freeze {
-            model: r.model,
-            ttl: r.ttl,
-            reason: r.reason,
-        },
-    )
-    .await?
-    .1)
-}
-
-/// `POST /v1/admin/thaw`
-pub(super) async fn thaw(
-    State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<AdminResponse>, ApiError> {
-    let r: ThawRequest = parse(&s, raw)?;
-    let reason = r.reason.clone();
-    Ok(run(
-        &s,
-        &reason,
-        Command::Thaw {
-            model: r.model,
-            reason: r.reason,
-        },
-    )
-    .await?
-    .1)
-}
-
-/// `POST /v1/admin/block`
-pub(super) async fn block(
-    State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<AdminResponse>, ApiError> {
-    let r: BlockRequest = parse(&s, raw)?;
-    let reason = r.reason.clone();
-    let command = Command::Block {
-        endpoint: r.endpoint,
-        model: r.model,
-        ttl: r.ttl,
-        reason: r.reason,
-    };
-    Ok(run(&s, &reason, command).await?.1)
+    let request: R = parse(&s, raw)?;
+    Ok(run(&s, request).await?.1)
 }
 
 /// `POST /v1/admin/unblock`: 404 when there is no such block, listing the blocks there are.
@@ -166,18 +114,13 @@ pub(super) async fn unblock(
     State(s): State<AppState>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AdminResponse>, ApiError> {
-    let r: UnblockRequest = parse(&s, raw)?;
-    let (reason, endpoint, model) = (r.reason.clone(), r.endpoint.clone(), r.model.clone());
-    let (changed, response) = run(
-        &s,
-        &reason,
-        Command::Unblock {
-            endpoint: r.endpoint,
-            model: r.model,
-            reason: r.reason,
-        },
-    )
-    .await?;
+    let request: UnblockRequest = parse(&s, raw)?;
+    let which = format!(
+        "{} ({})",
+        request.endpoint,
+        request.model.as_deref().unwrap_or("all models")
+    );
+    let (changed, response) = run(&s, request).await?;
     if !changed {
         let blocked: Vec<String> = s
             .publisher
@@ -192,7 +135,6 @@ pub(super) async fn unblock(
                 )
             })
             .collect();
-        let which = format!("{endpoint} ({})", model.as_deref().unwrap_or("all models"));
         let list = if blocked.is_empty() {
             "none".to_owned()
         } else {
@@ -203,35 +145,4 @@ pub(super) async fn unblock(
         )));
     }
     Ok(response)
-}
-
-/// `POST /v1/admin/unblock-all`
-pub(super) async fn unblock_all(
-    State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<AdminResponse>, ApiError> {
-    let r: UnblockAllRequest = parse(&s, raw)?;
-    let reason = r.reason.clone();
-    Ok(run(&s, &reason, Command::UnblockAll { reason: r.reason })
-        .await?
-        .1)
-}
-
-/// `POST /v1/admin/dry-run`
-pub(super) async fn dry_run(
-    State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<AdminResponse>, ApiError> {
-    let r: DryRunRequest = parse(&s, raw)?;
-    let reason = r.reason.clone();
-    Ok(run(
-        &s,
-        &reason,
-        Command::DryRun {
-            enabled: r.enabled,
-            reason: r.reason,
-        },
-    )
-    .await?
-    .1)
 }

@@ -18,6 +18,10 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use stanch_api::admin::{
+    BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest, ThawRequest,
+    UnblockAllRequest,
+};
 use stanch_core::Config;
 use tokio::sync::Notify;
 
@@ -125,14 +129,17 @@ pub fn router(state: AppState) -> Router {
             require,
         ));
     let admin = Router::new()
-        .route("/v1/admin/force", post(admin::force))
-        .route("/v1/admin/release", post(admin::release))
-        .route("/v1/admin/freeze", post(admin::freeze))
-        .route("/v1/admin/thaw", post(admin::thaw))
-        .route("/v1/admin/block", post(admin::block))
+        .route("/v1/admin/force", post(admin::apply::<ForceRequest>))
+        .route("/v1/admin/release", post(admin::apply::<ReleaseRequest>))
+        .route("/v1/admin/freeze", post(admin::apply::<FreezeRequest>))
+        .route("/v1/admin/thaw", post(admin::apply::<ThawRequest>))
+        .route("/v1/admin/block", post(admin::apply::<BlockRequest>))
         .route("/v1/admin/unblock", post(admin::unblock))
-        .route("/v1/admin/unblock-all", post(admin::unblock_all))
-        .route("/v1/admin/dry-run", post(admin::dry_run))
+        .route(
+            "/v1/admin/unblock-all",
+            post(admin::apply::<UnblockAllRequest>),
+        )
+        .route("/v1/admin/dry-run", post(admin::apply::<DryRunRequest>))
         .route_layer(middleware::from_fn_with_state(
             (state.clone(), Role::Admin),
             require,

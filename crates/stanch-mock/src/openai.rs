@@ -1,0 +1,417 @@
+//! The OpenAI-compatible routes: deterministic answers, and the faults acting on them.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::{Fault, Mock, stanch_api_probe_header};
+
+/// Fixed, so answers are reproducible.
+const CREATED: u64 = 1_796_000_000;
+const WORDS: [&str; 16] = [
+    "the", "quick", "model", "answers", "every", "question", "with", "calm", "and", "steady",
+    "tokens", "while", "stanch", "keeps", "traffic", "flowing",
+];
+/// A request that never gets an answer still ends, eventually.
+const NEVER: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// The short name of a route, for stats.
+pub(crate) fn route_name(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat",
+        "/v1/completions" => "completions",
+        "/v1/embeddings" => "embeddings",
+        "/v1/models" => "models",
+        _ => "other",
+    }
+}
+
+fn error(status: StatusCode, kind: &str, code: Option<&str>, message: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    (status, axum::Json(body)).into_response()
+}
+
+fn with_instance(mock: &Mock, mut response: Response) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&mock.config.instance) {
+        response.headers_mut().insert("x-mock-instance", v);
+    }
+    response
+}
+
+/// Checks the API key and takes the fault; answers at once when the request ends here.
+fn admit(mock: &Mock, headers: &HeaderMap, route: &str) -> Result<Fault, Box<Response>> {
+    let probe = headers.contains_key(stanch_api_probe_header());
+    if let Some(key) = &mock.config.api_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {key}").as_str()) {
+            mock.take_fault(route, probe);
+            mock.outcome("unauthorized");
+            return Err(Box::new(error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                Some("invalid_api_key"),
+                "Incorrect API key provided",
+            )));
+        }
+    }
+    Ok(mock.take_fault(route, probe))
+}
+
+fn status_fault(
+    mock: &Mock,
+    status: u16,
+    retry_after: Option<u64>,
+    code: Option<&str>,
+) -> Response {
+    mock.outcome("fault:status");
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let kind = match status.as_u16() {
+        429 => "rate_limit_error",
+        402 => "insufficient_quota",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    let mut response = error(status, kind, code, &format!("injected fault: {status}"));
+    if let Some(secs) = retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+/// The words of a request's prompt, to size it against the context window.
+fn prompt_words(kind: Kind, body: &Value) -> usize {
+    let count = |v: &Value| v.as_str().map_or(0, |s| s.split_whitespace().count());
+    match kind {
+        Kind::Chat => body["messages"]
+            .as_array()
+            .map_or(0, |ms| ms.iter().map(|m| count(&m["content"])).sum()),
+        Kind::Completion => match &body["prompt"] {
+            Value::Array(parts) => parts.iter().map(count).sum(),
+            other => count(other),
+        },
+    }
+}
+
+/// The answer's words: deterministic in the prompt.
+fn answer(body: &Value, n: usize) -> Vec<&'static str> {
+    let seed = stanch_api::hash::fnv64(body.to_string().as_bytes()) as usize;
+    (0..n).map(|i| WORDS[(seed + i) % WORDS.len()]).collect()
+}
+
+/// `POST /v1/chat/completions`
+pub(crate) async fn chat(State(mock): State<Mock>, headers: HeaderMap, body: Bytes) -> Response {
+    let response = generate(&mock, &headers, &body, Kind::Chat).await;
+    with_instance(&mock, response)
+}
+
+/// `POST /v1/completions`
+pub(crate) async fn completions(
+    State(mock): State<Mock>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let response = generate(&mock, &headers, &body, Kind::Completion).await;
+    with_instance(&mock, response)
+}
+
+async fn generate(mock: &Mock, headers: &HeaderMap, raw: &[u8], kind: Kind) -> Response {
+    let route = if kind == Kind::Chat {
+        "chat"
+    } else {
+        "completions"
+    };
+    let fault = match admit(mock, headers, route) {
+        Ok(f) => f,
+        Err(r) => return *r,
+    };
+    let body: Value = match serde_json::from_slice(raw) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            mock.outcome("bad_request");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                "body must be a JSON object",
+            );
+        }
+    };
+    if prompt_words(kind, &body) > mock.config.max_context_words {
+        mock.outcome("context_length_exceeded");
+        let message = format!(
+            "This model's maximum context length is {} tokens",
+            mock.config.max_context_words
+        );
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("context_length_exceeded"),
+            &message,
+        );
+    }
+    match &fault {
+        Fault::Status {
+            status,
+            retry_after,
+            code,
+        } => return status_fault(mock, *status, *retry_after, code.as_deref()),
+        Fault::Latency { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
+        Fault::NoResponse => {
+            mock.outcome("fault:no_response");
+            tokio::time::sleep(NEVER).await;
+            return StatusCode::GATEWAY_TIMEOUT.into_response();
+        }
+        _ => {}
+    }
+    let n = body["max_tokens"]
+        .as_u64()
+        .or_else(|| body["max_completion_tokens"].as_u64())
+        .unwrap_or(16)
+        .clamp(1, 512) as usize;
+    let words = answer(&body, n);
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let prompt_tokens = prompt_words(kind, &body);
+    if !stream {
+        return whole(mock, kind, fault, &words, prompt_tokens).await;
+    }
+    streamed(mock, kind, fault, words)
+}
+
+async fn whole(
+    mock: &Mock,
+    kind: Kind,
+    fault: Fault,
+    words: &[&str],
+    prompt_tokens: usize,
+) -> Response {
+    match fault {
+        Fault::SlowFirstToken { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
+        Fault::Stall { .. } => {
+            // Headers, then a body that never comes.
+            mock.outcome("fault:stall");
+            let never = futures_util::stream::pending::<Result<Bytes, std::io::Error>>();
+            let mut response = Response::new(Body::from_stream(never));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
+        _ => {}
+    }
+    mock.outcome("ok");
+    let text = words.join(" ");
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": words.len(), "total_tokens": prompt_tokens + words.len()});
+    let model = &mock.config.model;
+    let body = match kind {
+        Kind::Chat => json!({
+            "id": "chatcmpl-mock", "object": "chat.completion", "created": CREATED, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": usage,
+        }),
+        Kind::Completion => json!({
+            "id": "cmpl-mock", "object": "text_completion", "created": CREATED, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": null}],
+            "usage": usage,
+        }),
+    };
+    axum::Json(body).into_response()
+}
+
+fn chunk(
+    mock: &Mock,
+    kind: Kind,
+    content: Option<&str>,
+    finish: Option<&str>,
+    first: bool,
+) -> Bytes {
+    let model = &mock.config.model;
+    let value = match kind {
+        Kind::Chat => {
+            let delta = match (content, first) {
+                (Some(c), true) => json!({"role": "assistant", "content": c}),
+                (Some(c), false) => json!({"content": c}),
+                (None, _) => json!({}),
+            };
+            json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": CREATED, "model": model,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        }
+        Kind::Completion => {
+            json!({"id": "cmpl-mock", "object": "text_completion", "created": CREATED, "model": model,
+                   "choices": [{"index": 0, "text": content.unwrap_or(""), "finish_reason": finish, "logprobs": null}]})
+        }
+    };
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// Decrements the running gauge when the stream ends, however it ends.
+struct Running(Mock);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running(-1);
+    }
+}
+
+fn streamed(mock: &Mock, kind: Kind, fault: Fault, words: Vec<&'static str>) -> Response {
+    let outcome = match &fault {
+        Fault::Cut { .. } => "fault:cut",
+        Fault::Stall { .. } => "fault:stall",
+        Fault::MalformedChunk { .. } => "fault:malformed_chunk",
+        Fault::MissingDone => "fault:missing_done",
+        Fault::SlowFirstToken { .. } => "fault:slow_first_token",
+        _ => "ok",
+    };
+    mock.outcome(outcome);
+    mock.running(1);
+    let interval = mock.config.token_interval;
+    let state = (0usize, Running(mock.clone()), fault, words, kind, false);
+    let body = futures_util::stream::unfold(
+        state,
+        move |(i, running, fault, words, kind, done)| async move {
+            if done {
+                return None;
+            }
+            let mock = &running.0;
+            let n = words.len();
+            match &fault {
+                Fault::SlowFirstToken { ms } if i == 0 => {
+                    tokio::time::sleep(Duration::from_millis(*ms)).await
+                }
+                Fault::Cut { after_tokens } if i == *after_tokens && i < n => return None,
+                Fault::Stall { after_tokens } if i == *after_tokens && i < n => {
+                    tokio::time::sleep(NEVER).await;
+                    return None;
+                }
+                _ if i > 0 && !interval.is_zero() && i < n => tokio::time::sleep(interval).await,
+                _ => {}
+            }
+            let mut out = Vec::new();
+            if matches!(&fault, Fault::MalformedChunk { at_token } if *at_token == i) {
+                out.extend_from_slice(
+                    b"data: {\"id\": \"chatcmpl-mock\", \"choices\": [{\"delta\n\n",
+                );
+            }
+            let finished = i >= n;
+            if finished {
+                out.extend_from_slice(&chunk(mock, kind, None, Some("stop"), false));
+                if fault != Fault::MissingDone {
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                }
+            } else {
+                let word = if i + 1 < n {
+                    format!("{} ", words[i])
+                } else {
+                    words[i].to_owned()
+                };
+                out.extend_from_slice(&chunk(mock, kind, Some(&word), None, i == 0));
+            }
+            Some((
+                Ok::<Bytes, std::io::Error>(Bytes::from(out)),
+                (i + 1, running, fault, words, kind, finished),
+            ))
+        },
+    );
+    let mut response = Response::new(Body::from_stream(body));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// `POST /v1/embeddings`
+pub(crate) async fn embeddings(
+    State(mock): State<Mock>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Response {
+    let fault = match admit(&mock, &headers, "embeddings") {
+        Ok(f) => f,
+        Err(r) => return with_instance(&mock, *r),
+    };
+    match &fault {
+        Fault::Status {
+            status,
+            retry_after,
+            code,
+        } => {
+            return with_instance(
+                &mock,
+                status_fault(&mock, *status, *retry_after, code.as_deref()),
+            );
+        }
+        Fault::Latency { ms } | Fault::SlowFirstToken { ms } => {
+            tokio::time::sleep(Duration::from_millis(*ms)).await
+        }
+        Fault::NoResponse | Fault::Stall { .. } => {
+            tokio::time::sleep(NEVER).await;
+            return StatusCode::GATEWAY_TIMEOUT.into_response();
+        }
+        _ => {}
+    }
+    let body: Value = match serde_json::from_slice(&raw) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                "body must be a JSON object",
+            );
+        }
+    };
+    let inputs: Vec<String> = match &body["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect(),
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                "input: expected a string or an array",
+            );
+        }
+    };
+    mock.outcome("ok");
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let h = stanch_api::hash::fnv64(text.as_bytes());
+            let v: Vec<f64> = (0..8)
+                .map(|k| (((h >> (k * 8)) & 0xff) as f64 / 255.0) * 2.0 - 1.0)
+                .collect();
+            json!({"object": "embedding", "index": i, "embedding": v})
+        })
+        .collect();
+    let tokens: usize = inputs.iter().map(|s| s.split_whitespace().count()).sum();
+    let body = json!({"object": "list", "data": data, "model": mock.config.model,
+                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}});
+    with_instance(&mock, axum::Json(body).into_response())
+}
+
+/// `GET /v1/models`
+pub(crate) async fn models(State(mock): State<Mock>) -> Response {
+    let body = json!({"object": "list", "data": [{"id": mock.config.model, "object": "model", "created": CREATED, "owned_by": "stanch-mock"}]});
+    with_instance(&mock, axum::Json(body).into_response())
+}

@@ -1,0 +1,347 @@
+//! stanch-client: follows a stanch controller's route table for a gateway.
+//!
+//! Owns: the watch (SSE, falling back to long-poll), reconnecting with jittered
+//! backoff, acknowledging applied versions and refusing ones the gateway cannot apply,
+//! and the last-known-good table on disk, so a restarted gateway routes correctly while
+//! the controller is down. Does not own: applying the table to requests, or lease
+//! expiry, which the gateway checks per request against its own clock.
+//!
+//! A gateway never waits on this client: [`Routes::current`] is a lock-free load.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use futures_util::StreamExt;
+use secrecy::{ExposeSecret, SecretString};
+use stanch_api::RouteTable;
+use stanch_api::headers::{APPLIED_VERSION, GATEWAY_ID, REJECTED_REASON, REJECTED_VERSION};
+use tokio::sync::watch;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// How to reach the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// SSE, falling back to long-poll when the stream is refused.
+    Auto,
+    /// Only SSE.
+    Sse,
+    /// Only long-poll.
+    LongPoll,
+}
+
+/// Watch settings.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    /// The controller's base URL, e.g. `http://stanch:9797`.
+    pub url: String,
+    /// A read (or admin) token, if the controller wants one.
+    pub token: Option<SecretString>,
+    /// This gateway's identity, sent as `X-Stanch-Gateway`.
+    pub gateway_id: String,
+    /// Where the last-known-good table is kept; `None` keeps nothing.
+    pub state_file: Option<PathBuf>,
+    /// SSE or long-poll.
+    pub transport: Transport,
+    /// The long-poll wait to ask for.
+    pub long_poll_wait: Duration,
+    /// Reconnect backoff: first delay.
+    pub backoff_min: Duration,
+    /// Reconnect backoff: cap.
+    pub backoff_max: Duration,
+}
+
+impl WatchConfig {
+    /// Defaults for `url` as gateway `gateway_id`.
+    pub fn new(url: &str, gateway_id: &str) -> WatchConfig {
+        WatchConfig {
+            url: url.trim_end_matches('/').to_owned(),
+            token: None,
+            gateway_id: gateway_id.to_owned(),
+            state_file: None,
+            transport: Transport::Auto,
+            long_poll_wait: Duration::from_secs(30),
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Decides whether the gateway can apply a table; `Err` says why not (sent as a NACK).
+pub type Validator = Arc<dyn Fn(&RouteTable) -> Result<(), String> + Send + Sync>;
+
+/// The route table as the gateway sees it: always available, never blocking.
+#[derive(Clone)]
+pub struct Routes {
+    current: Arc<ArcSwapOption<RouteTable>>,
+    changed: watch::Receiver<u64>,
+}
+
+impl Routes {
+    /// The applied table, if there is one.
+    pub fn current(&self) -> Option<Arc<RouteTable>> {
+        self.current.load_full()
+    }
+
+    /// Waits until a table with a version other than `version` is applied.
+    pub async fn changed_from(&mut self, version: u64) -> Option<Arc<RouteTable>> {
+        loop {
+            if let Some(t) = self.current() {
+                if t.version != version {
+                    return Some(t);
+                }
+            }
+            self.changed.changed().await.ok()?;
+        }
+    }
+}
+
+/// Why a watch attempt ended.
+#[derive(Debug, thiserror::Error)]
+enum WatchError {
+    #[error("cannot reach the controller")]
+    Request(#[from] reqwest::Error),
+    #[error("the controller answered {0}")]
+    Status(reqwest::StatusCode),
+    #[error("the controller sent an unreadable table: {0}")]
+    Table(String),
+    #[error("the stream ended")]
+    Ended,
+}
+
+struct Watcher {
+    config: WatchConfig,
+    http: reqwest::Client,
+    current: Arc<ArcSwapOption<RouteTable>>,
+    notify: watch::Sender<u64>,
+    validator: Option<Validator>,
+    /// A version the gateway refused, to report on the next request.
+    rejected: Option<(u64, String)>,
+}
+
+/// Starts following the controller. Loads the last-known-good table first, so the
+/// gateway has routes before the controller answers (or while it is down).
+pub fn start(
+    config: WatchConfig,
+    validator: Option<Validator>,
+) -> (Routes, tokio::task::JoinHandle<()>) {
+    let current = Arc::new(ArcSwapOption::empty());
+    if let Some(path) = &config.state_file {
+        match load(path) {
+            Ok(Some(table)) => {
+                info!(version = table.version, epoch = %table.epoch, path = %path.display(), "serving the last-known-good route table until the controller answers");
+                current.store(Some(Arc::new(table)));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "last-known-good route table unreadable; ignoring it")
+            }
+        }
+    }
+    let (notify, changed) = watch::channel(current.load().as_ref().map_or(0, |t| t.version));
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true)
+        .build()
+        .expect("an HTTP client builds");
+    let watcher = Watcher {
+        config,
+        http,
+        current: current.clone(),
+        notify,
+        validator,
+        rejected: None,
+    };
+    let span = info_span!("route_watch", controller = %watcher.config.url);
+    let task = tokio::spawn(watcher.run().instrument(span));
+    (Routes { current, changed }, task)
+}
+
+fn load(path: &Path) -> Result<Option<RouteTable>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Writes atomically: a torn file must never replace a good one.
+fn save(path: &Path, table: &RouteTable) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(table).expect("tables serialize"))?;
+    std::fs::rename(&tmp, path)
+}
+
+impl Watcher {
+    async fn run(mut self) {
+        let mut backoff = self.config.backoff_min;
+        let mut use_sse = self.config.transport != Transport::LongPoll;
+        loop {
+            let result = if use_sse {
+                self.follow_sse().await
+            } else {
+                self.long_poll().await
+            };
+            match result {
+                Ok(()) => backoff = self.config.backoff_min,
+                Err(WatchError::Status(s))
+                    if use_sse
+                        && self.config.transport == Transport::Auto
+                        && s.is_client_error()
+                        && s != reqwest::StatusCode::UNAUTHORIZED =>
+                {
+                    info!(status = %s, "SSE refused; falling back to long-poll");
+                    use_sse = false;
+                    continue;
+                }
+                Err(e) => {
+                    let wait = jitter(backoff);
+                    warn!(error = %e, retry_in = ?wait, "route watch interrupted; the gateway keeps its current table");
+                    tokio::time::sleep(wait).await;
+                    backoff = (backoff * 2).min(self.config.backoff_max);
+                }
+            }
+        }
+    }
+
+    fn request(&self, url: String) -> reqwest::RequestBuilder {
+        let mut req = self
+            .http
+            .get(url)
+            .header(GATEWAY_ID, &self.config.gateway_id);
+        if let Some(t) = self.current.load().as_ref() {
+            req = req.header(APPLIED_VERSION, t.version);
+        }
+        if let Some((version, why)) = &self.rejected {
+            req = req
+                .header(REJECTED_VERSION, *version)
+                .header(REJECTED_REASON, why.replace(['\r', '\n'], " "));
+        }
+        if let Some(token) = &self.config.token {
+            req = req.bearer_auth(token.expose_secret());
+        }
+        req
+    }
+
+    /// Applies a table unless the validator refuses it; returns whether it applied.
+    fn apply(&mut self, table: RouteTable) -> bool {
+        let have = self.current.load();
+        if let Some(h) = have.as_ref() {
+            if h.epoch == table.epoch && h.version >= table.version {
+                return false;
+            }
+        }
+        if let Some(validate) = &self.validator {
+            if let Err(why) = validate(&table) {
+                warn!(version = table.version, reason = %why, "route table refused");
+                self.rejected = Some((table.version, why));
+                return false;
+            }
+        }
+        self.rejected = None;
+        if let Some(path) = &self.config.state_file {
+            if let Err(e) = save(path, &table) {
+                warn!(path = %path.display(), error = %e, "cannot save the last-known-good route table");
+            }
+        }
+        debug!(version = table.version, "route table applied");
+        let version = table.version;
+        self.current.store(Some(Arc::new(table)));
+        self.notify.send_replace(version);
+        true
+    }
+
+    fn poll_url(&self, wait: Duration) -> String {
+        let have = self.current.load();
+        match have.as_ref() {
+            Some(t) => format!(
+                "{}/v1/routes?after={}&epoch={}&wait={}ms",
+                self.config.url,
+                t.version,
+                t.epoch,
+                wait.as_millis()
+            ),
+            None => format!("{}/v1/routes", self.config.url),
+        }
+    }
+
+    async fn long_poll(&mut self) -> Result<(), WatchError> {
+        let wait = self.config.long_poll_wait;
+        let response = self
+            .request(self.poll_url(wait))
+            .timeout(wait + Duration::from_secs(10))
+            .send()
+            .await?;
+        match response.status() {
+            reqwest::StatusCode::OK => {
+                let table: RouteTable = response
+                    .json()
+                    .await
+                    .map_err(|e| WatchError::Table(e.to_string()))?;
+                self.apply(table);
+                Ok(())
+            }
+            reqwest::StatusCode::NOT_MODIFIED => Ok(()),
+            status => Err(WatchError::Status(status)),
+        }
+    }
+
+    /// Tells the controller what is applied (a long-poll that does not wait).
+    async fn acknowledge(&self) {
+        let _ = self
+            .request(self.poll_url(Duration::ZERO))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+    }
+
+    async fn follow_sse(&mut self) -> Result<(), WatchError> {
+        let mut req = self.request(format!("{}/v1/routes/stream", self.config.url));
+        if let Some(t) = self.current.load().as_ref() {
+            req = req.header("last-event-id", t.version);
+        }
+        let response = req.send().await?;
+        if !response.status().is_success() {
+            return Err(WatchError::Status(response.status()));
+        }
+        let mut body = response.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            while let Some(end) = find(&buf, b"\n\n") {
+                let event: Vec<u8> = buf.drain(..end + 2).collect();
+                let text = String::from_utf8_lossy(&event);
+                let data: String = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim_start)
+                    .collect();
+                if data.is_empty() {
+                    continue; // A heartbeat or a comment.
+                }
+                let table: RouteTable =
+                    serde_json::from_str(&data).map_err(|e| WatchError::Table(e.to_string()))?;
+                self.apply(table);
+                self.acknowledge().await;
+            }
+            match body.next().await {
+                Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                Some(Err(e)) => return Err(e.into()),
+                None => return Err(WatchError::Ended),
+            }
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// ±20 % spread on a reconnect delay, so a fleet does not reconnect in step.
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::process::id() as u64 ^ d.as_nanos() as u64;
+    let unit = (stanch_api::hash::fnv64(&nanos.to_le_bytes()) % 1000) as f64 / 1000.0;
+    d.mul_f64(0.8 + 0.4 * unit)
+}

@@ -1,0 +1,204 @@
+//! The watch client against a real controller on loopback.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stanch_client::{Transport, WatchConfig};
+use stanch_core::Config;
+use stanch_server::auth::Tokens;
+use stanch_server::clock::SystemClock;
+use stanch_server::net::ConnLimits;
+use stanch_server::{Controller, Settings};
+
+async fn controller() -> (Controller, String) {
+    let settings = Settings {
+        config: Config::default_config(),
+        data_dir: None,
+        tokens: Tokens::default(),
+        tls: None,
+        alertmanager_token: None,
+        limits: ConnLimits::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let c = Controller::start(settings, listener, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let url = format!("http://{}", c.addr());
+    (c, url)
+}
+
+async fn post(url: &str, path: &str, body: Value) -> Value {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = http
+        .post(format!("{url}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{path}: {}", r.status());
+    r.json().await.unwrap()
+}
+
+async fn fail_dc_a(url: &str) -> u64 {
+    let body = json!({"version": "4", "status": "firing", "alerts": [{"status": "firing",
+        "labels": {"alertname": "F", "action": "trigger-failover", "target_model": "qwen-72b", "pool": "dc-a"},
+        "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z"}]});
+    post(url, "/v1/alerts/alertmanager", body).await["version"]
+        .as_u64()
+        .unwrap()
+}
+
+async fn status(url: &str) -> Value {
+    reqwest::get(format!("{url}/v1/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..100 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what}: not within 5s");
+}
+
+async fn follows(transport: Transport) {
+    let (_c, url) = controller().await;
+    let mut config = WatchConfig::new(&url, "gw-test");
+    config.transport = transport;
+    config.long_poll_wait = Duration::from_secs(5);
+    let (mut routes, task) = stanch_client::start(config, None);
+    let first = routes.changed_from(0).await.unwrap();
+    assert_eq!(first.models["qwen-72b"].rung, stanch_api::Rung::Normal);
+    let new = fail_dc_a(&url).await;
+    let table = tokio::time::timeout(Duration::from_secs(3), routes.changed_from(first.version))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(table.version, new);
+    assert_eq!(table.models["qwen-72b"].pool, "dc-b");
+    // The controller learns which version the gateway applied.
+    eventually("acknowledged", || async {
+        let s = status(&url).await;
+        s["gateways"][0]["id"] == "gw-test" && s["gateways"][0]["applied_version"] == new
+    })
+    .await;
+    task.abort();
+}
+
+#[tokio::test]
+async fn follows_by_sse_and_acknowledges() {
+    follows(Transport::Sse).await;
+}
+
+#[tokio::test]
+async fn follows_by_long_poll_and_acknowledges() {
+    follows(Transport::LongPoll).await;
+}
+
+#[tokio::test]
+async fn falls_back_to_long_poll_when_sse_is_refused() {
+    use axum::routing::get;
+    let (_c, upstream) = controller().await;
+    // A proxy that refuses streams, as some corporate proxies do.
+    let app = axum::Router::new()
+        .route(
+            "/v1/routes/stream",
+            get(|| async { axum::http::StatusCode::NOT_FOUND }),
+        )
+        .route(
+            "/v1/routes",
+            get(move |q: axum::extract::RawQuery| {
+                let upstream = upstream.clone();
+                async move {
+                    let url = format!("{upstream}/v1/routes?{}", q.0.unwrap_or_default());
+                    let r = reqwest::get(url).await.unwrap();
+                    let status = axum::http::StatusCode::from_u16(r.status().as_u16()).unwrap();
+                    (status, r.bytes().await.unwrap())
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (mut routes, task) = stanch_client::start(WatchConfig::new(&proxy, "gw-fallback"), None);
+    let table = tokio::time::timeout(Duration::from_secs(3), routes.changed_from(0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(table.version >= 1);
+    task.abort();
+}
+
+#[tokio::test]
+async fn serves_the_last_known_good_table_while_the_controller_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("routes.json");
+    let (c, url) = controller().await;
+    let version = fail_dc_a(&url).await;
+    let mut config = WatchConfig::new(&url, "gw-lkg");
+    config.state_file = Some(file.clone());
+    let (mut routes, task) = stanch_client::start(config, None);
+    routes.changed_from(0).await.unwrap();
+    eventually("saved", || async { file.exists() }).await;
+    task.abort();
+    c.shutdown().await;
+
+    // A restarted gateway, the controller still down: it routes as before at once.
+    let mut config = WatchConfig::new(&url, "gw-lkg");
+    config.state_file = Some(file.clone());
+    let (routes, task) = stanch_client::start(config, None);
+    let table = routes.current().expect("available before any answer");
+    assert_eq!(table.version, version);
+    assert_eq!(table.models["qwen-72b"].pool, "dc-b");
+    task.abort();
+}
+
+#[tokio::test]
+async fn refuses_what_the_gateway_cannot_apply_and_says_why() {
+    let (_c, url) = controller().await;
+    let validator: stanch_client::Validator = Arc::new(|t: &stanch_api::RouteTable| {
+        match t
+            .models
+            .values()
+            .find(|m| m.faq.as_deref() == Some("default"))
+        {
+            Some(_) => Err("unknown FAQ set \"default\"".to_owned()),
+            None => Ok(()),
+        }
+    });
+    let mut config = WatchConfig::new(&url, "gw-strict");
+    config.transport = Transport::LongPoll;
+    config.long_poll_wait = Duration::from_secs(1);
+    let (mut routes, task) = stanch_client::start(config, Some(validator));
+    let first = routes.changed_from(0).await.unwrap();
+    post(
+        &url,
+        "/v1/admin/force",
+        json!({"model": "qwen-72b", "rung": "static", "reason": "test"}),
+    )
+    .await;
+    eventually("rejection reported", || async {
+        let s = status(&url).await;
+        s["gateways"][0]["rejected"][1]
+            .as_str()
+            .is_some_and(|r| r.contains("unknown FAQ set"))
+    })
+    .await;
+    assert_eq!(
+        routes.current().unwrap().version,
+        first.version,
+        "the refused table is not applied"
+    );
+    task.abort();
+}

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod alerts;
+pub mod clock;
 pub mod duration;
 pub mod hash;
 pub mod headers;

@@ -97,6 +97,37 @@ impl Routes {
     }
 }
 
+/// Sets the table of [`Routes::manual`] by hand.
+pub struct ManualRoutes {
+    current: Arc<ArcSwapOption<RouteTable>>,
+    notify: watch::Sender<u64>,
+}
+
+impl ManualRoutes {
+    /// Applies `table`.
+    pub fn set(&self, table: RouteTable) {
+        let version = table.version;
+        self.current.store(Some(Arc::new(table)));
+        self.notify.send_replace(version);
+    }
+}
+
+impl Routes {
+    /// Routes set by hand rather than by a controller: for tests, and for gateways
+    /// that get their table some other way.
+    pub fn manual() -> (Routes, ManualRoutes) {
+        let current = Arc::new(ArcSwapOption::empty());
+        let (notify, changed) = watch::channel(0);
+        (
+            Routes {
+                current: current.clone(),
+                changed,
+            },
+            ManualRoutes { current, notify },
+        )
+    }
+}
+
 /// Why a watch attempt ended.
 #[derive(Debug, thiserror::Error)]
 enum WatchError {

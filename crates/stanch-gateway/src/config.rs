@@ -1,0 +1,496 @@
+//! The gateway's configuration: models, pools, endpoints, tenants, FAQ sets, and the
+//! policies for timeouts, retries and blocking. Validated like the controller's: every
+//! problem is reported with its path.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::Deserialize;
+use stanch_api::HumanDuration;
+
+/// The whole gateway configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Models by the name clients request; a name with `*` or `?` is a glob that
+    /// forwards the requested name upstream.
+    pub models: BTreeMap<String, ModelConfig>,
+    /// Callers by API key.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    /// Refuse callers whose key is not a configured tenant (401).
+    #[serde(default)]
+    pub require_tenant: bool,
+    /// FAQ sets answered from on the static rung and as the last resort.
+    #[serde(default)]
+    pub faq_sets: BTreeMap<String, FaqSetConfig>,
+    /// Timeouts of an upstream attempt.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Retries per request.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// Passive blocking of failing endpoints.
+    #[serde(default)]
+    pub blocking: BlockingPolicy,
+    /// The controller to follow, if any.
+    #[serde(default)]
+    pub controller: Option<ControllerConfig>,
+    /// Request bodies above this are refused with 413.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+}
+
+fn default_max_body() -> usize {
+    4 * 1024 * 1024
+}
+
+/// One model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Pools in failover order; the first is the primary.
+    pub pools: Vec<PoolConfig>,
+    /// Models tried, in order, when every pool of this one failed.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    /// A model with a longer context, for prompts this one refuses as too long.
+    #[serde(default)]
+    pub larger_context: Option<String>,
+    /// The FAQ set for this model's static answers.
+    #[serde(default)]
+    pub faq: Option<String>,
+    /// Time to first token, overriding `timeouts.first_token`.
+    #[serde(default)]
+    pub first_token_timeout: Option<HumanDuration>,
+}
+
+/// A pool of endpoints.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Its name, as in the controller's configuration (`dc-a`).
+    pub name: String,
+    /// Its endpoints.
+    pub endpoints: Vec<EndpointConfig>,
+}
+
+/// One upstream endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Base URL, e.g. `http://10.0.0.7:8000` (paths `/v1/...` are appended).
+    pub url: String,
+    /// Relative share of traffic.
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// The model name upstream; defaults to the requested name.
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// Environment variable holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// File holding the API key.
+    #[serde(default)]
+    pub api_key_file: Option<String>,
+    /// Concurrent requests it handles well, for load scoring.
+    #[serde(default = "default_capacity")]
+    pub capacity: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_capacity() -> u32 {
+    64
+}
+
+/// A caller.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// A name for logs (never the key).
+    pub name: String,
+    /// Environment variable holding the caller's API key.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    /// File holding the caller's API key.
+    #[serde(default)]
+    pub key_file: Option<String>,
+    /// The key itself (for tests and demos; prefer `key_env` or `key_file`).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// VIP callers keep the original model while it is degraded.
+    #[serde(default)]
+    pub vip: bool,
+}
+
+/// A FAQ set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaqSetConfig {
+    /// The answer when no entry matches well enough.
+    pub default_answer: String,
+    /// The BM25 score an entry needs to be chosen.
+    #[serde(default = "default_threshold")]
+    pub threshold: f64,
+    /// Entries: question variants and their answer.
+    #[serde(default)]
+    pub entries: Vec<FaqEntryConfig>,
+}
+
+fn default_threshold() -> f64 {
+    1.0
+}
+
+/// One FAQ entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaqEntryConfig {
+    /// Ways callers ask it.
+    pub questions: Vec<String>,
+    /// The answer.
+    pub answer: String,
+}
+
+/// Timeouts of one upstream attempt.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// TCP connect.
+    pub connect: HumanDuration,
+    /// Until response headers.
+    pub first_byte: HumanDuration,
+    /// Until the first streamed token.
+    pub first_token: HumanDuration,
+    /// Between streamed chunks.
+    pub stream_idle: HumanDuration,
+    /// The whole request, all attempts included.
+    pub total: HumanDuration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: HumanDuration::secs(2),
+            first_byte: HumanDuration::secs(30),
+            first_token: HumanDuration::secs(15),
+            stream_idle: HumanDuration::secs(30),
+            total: HumanDuration::secs(300),
+        }
+    }
+}
+
+/// Retries of one request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Upstream attempts per request at most, across pools and fallbacks.
+    pub max_attempts: u32,
+    /// Attempts within one pool before moving to the next.
+    pub attempts_per_pool: u32,
+    /// First backoff between attempts.
+    pub backoff_base: HumanDuration,
+    /// Backoff cap.
+    pub backoff_max: HumanDuration,
+    /// Retries may be at most this fraction of requests over `budget_window`...
+    pub budget_ratio: f64,
+    /// ...over this window...
+    pub budget_window: HumanDuration,
+    /// ...plus this many, so a quiet gateway can still retry.
+    pub budget_min_retries: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            attempts_per_pool: 2,
+            backoff_base: HumanDuration(Duration::from_millis(10)),
+            backoff_max: HumanDuration(Duration::from_millis(500)),
+            budget_ratio: 0.2,
+            budget_window: HumanDuration::secs(10),
+            budget_min_retries: 10,
+        }
+    }
+}
+
+/// Passive blocking of (endpoint, model) pairs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BlockingPolicy {
+    /// Block after this many failures in a row (0 turns the trigger off).
+    pub consecutive_failures: u32,
+    /// Block after this many failures within `window` (0 turns it off).
+    pub window_failures: u32,
+    /// Block when the failure rate within `window` reaches this (0 turns it off)...
+    pub failure_rate: f64,
+    /// ...with at least this many requests in the window.
+    pub min_requests: u32,
+    /// The counting window.
+    pub window: HumanDuration,
+    /// A first block's length.
+    pub ttl: HumanDuration,
+    /// ± spread of block lengths.
+    pub jitter: f64,
+    /// Repeat offenders: each block within `backoff_reset` of the last doubles, up to this.
+    pub max_ttl: HumanDuration,
+    /// A block later than this after the previous starts over at `ttl`.
+    pub backoff_reset: HumanDuration,
+    /// After a block, an endpoint's share ramps up over this long.
+    pub slow_start: HumanDuration,
+    /// Endpoint URL globs never blocked.
+    pub never_block: Vec<String>,
+}
+
+impl Default for BlockingPolicy {
+    fn default() -> Self {
+        BlockingPolicy {
+            consecutive_failures: 5,
+            window_failures: 0,
+            failure_rate: 0.0,
+            min_requests: 20,
+            window: HumanDuration::secs(30),
+            ttl: HumanDuration::secs(60),
+            jitter: 0.1,
+            max_ttl: HumanDuration::secs(600),
+            backoff_reset: HumanDuration::secs(1800),
+            slow_start: HumanDuration::secs(30),
+            never_block: Vec::new(),
+        }
+    }
+}
+
+/// The controller to follow.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Its base URL.
+    pub url: String,
+    /// Environment variable holding a read token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// File holding a read token.
+    #[serde(default)]
+    pub token_file: Option<String>,
+    /// This gateway's identity; defaults to the host name.
+    #[serde(default)]
+    pub gateway_id: Option<String>,
+    /// Where the last-known-good table is kept.
+    #[serde(default)]
+    pub state_file: Option<String>,
+}
+
+/// One problem, with its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Where.
+    pub path: String,
+    /// What.
+    pub message: String,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not YAML of the right shape.
+    #[error("cannot parse configuration: {0}")]
+    Parse(String),
+    /// Shape right, content wrong.
+    #[error("invalid configuration ({} problem(s)):\n{}", .0.len(), .0.iter().map(|p| format!("  - {}: {}", p.path, p.message)).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Problem>),
+}
+
+/// Whether a model name is a glob.
+pub fn is_glob(name: &str) -> bool {
+    name.contains(['*', '?'])
+}
+
+impl GatewayConfig {
+    /// Parses and validates YAML.
+    pub fn from_yaml(text: &str) -> Result<GatewayConfig, ConfigError> {
+        let config: GatewayConfig =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let problems = config.validate();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    /// Every problem, with its path.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let mut problem = |path: String, message: String| out.push(Problem { path, message });
+        if self.models.is_empty() {
+            problem("models".into(), "at least one model is needed".into());
+        }
+        for (name, m) in &self.models {
+            let at = format!("models.{name}");
+            if m.pools.is_empty() {
+                problem(
+                    format!("{at}.pools"),
+                    "a model needs at least one pool".into(),
+                );
+            }
+            let mut seen = BTreeSet::new();
+            for (i, pool) in m.pools.iter().enumerate() {
+                if !seen.insert(&pool.name) {
+                    problem(
+                        format!("{at}.pools[{i}]"),
+                        format!("pool {:?} is listed twice", pool.name),
+                    );
+                }
+                if pool.endpoints.is_empty() {
+                    problem(
+                        format!("{at}.pools[{i}].endpoints"),
+                        "a pool needs at least one endpoint".into(),
+                    );
+                }
+                for (j, e) in pool.endpoints.iter().enumerate() {
+                    let ep = format!("{at}.pools[{i}].endpoints[{j}]");
+                    if !(e.url.starts_with("http://") || e.url.starts_with("https://")) {
+                        problem(
+                            format!("{ep}.url"),
+                            format!("{:?} is not an http(s) URL", e.url),
+                        );
+                    }
+                    if e.url.starts_with("https://") {
+                        problem(format!("{ep}.url"), "https upstreams are not supported yet; terminate TLS in front of the upstream".into());
+                    }
+                    if e.weight == 0 {
+                        problem(format!("{ep}.weight"), "must be at least 1".into());
+                    }
+                    if e.capacity == 0 {
+                        problem(format!("{ep}.capacity"), "must be at least 1".into());
+                    }
+                    if e.api_key_env.is_some() && e.api_key_file.is_some() {
+                        problem(
+                            ep.clone(),
+                            "give api_key_env or api_key_file, not both".into(),
+                        );
+                    }
+                }
+            }
+            for (i, f) in m.fallbacks.iter().enumerate() {
+                if f == name || !self.models.contains_key(f) || is_glob(f) {
+                    problem(
+                        format!("{at}.fallbacks[{i}]"),
+                        format!("{f:?} is not another configured model"),
+                    );
+                }
+            }
+            if let Some(l) = &m.larger_context {
+                if l == name || !self.models.contains_key(l) {
+                    problem(
+                        format!("{at}.larger_context"),
+                        format!("{l:?} is not another configured model"),
+                    );
+                }
+            }
+            if let Some(faq) = &m.faq {
+                if !self.faq_sets.contains_key(faq) {
+                    problem(
+                        format!("{at}.faq"),
+                        format!("FAQ set {faq:?} is not configured"),
+                    );
+                }
+            }
+        }
+        for (i, t) in self.tenants.iter().enumerate() {
+            let sources = [t.key_env.is_some(), t.key_file.is_some(), t.key.is_some()]
+                .iter()
+                .filter(|s| **s)
+                .count();
+            if sources != 1 {
+                problem(
+                    format!("tenants[{i}]"),
+                    "give exactly one of key_env, key_file, key".into(),
+                );
+            }
+        }
+        for (name, set) in &self.faq_sets {
+            if set.default_answer.trim().is_empty() {
+                problem(
+                    format!("faq_sets.{name}.default_answer"),
+                    "must not be empty".into(),
+                );
+            }
+            for (i, e) in set.entries.iter().enumerate() {
+                if e.questions.is_empty() {
+                    problem(
+                        format!("faq_sets.{name}.entries[{i}].questions"),
+                        "at least one question".into(),
+                    );
+                }
+            }
+        }
+        let r = &self.retry;
+        if r.max_attempts == 0 || r.attempts_per_pool == 0 {
+            problem(
+                "retry".into(),
+                "max_attempts and attempts_per_pool must be at least 1".into(),
+            );
+        }
+        if !(0.0..=1.0).contains(&r.budget_ratio) {
+            problem(
+                "retry.budget_ratio".into(),
+                "must be between 0 and 1".into(),
+            );
+        }
+        let b = &self.blocking;
+        if !(0.0..=1.0).contains(&b.failure_rate) {
+            problem(
+                "blocking.failure_rate".into(),
+                "must be between 0 and 1".into(),
+            );
+        }
+        if !(0.0..=0.5).contains(&b.jitter) {
+            problem("blocking.jitter".into(), "must be between 0 and 0.5".into());
+        }
+        for (path, d) in [
+            ("timeouts.connect", self.timeouts.connect),
+            ("timeouts.first_byte", self.timeouts.first_byte),
+            ("timeouts.first_token", self.timeouts.first_token),
+            ("timeouts.stream_idle", self.timeouts.stream_idle),
+            ("timeouts.total", self.timeouts.total),
+            ("blocking.ttl", b.ttl),
+            ("blocking.window", b.window),
+        ] {
+            if d.0.is_zero() {
+                problem(path.into(), "must be longer than 0s".into());
+            }
+        }
+        if let Some(c) = &self.controller {
+            if !(c.url.starts_with("http://") || c.url.starts_with("https://")) {
+                problem(
+                    "controller.url".into(),
+                    format!("{:?} is not an http(s) URL", c.url),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Reads a secret from an environment variable or a file.
+pub fn secret(
+    env: Option<&String>,
+    file: Option<&String>,
+    literal: Option<&String>,
+) -> Result<Option<SecretString>, String> {
+    if let Some(var) = env {
+        return std::env::var(var)
+            .map(|v| Some(SecretString::from(v.trim().to_owned())))
+            .map_err(|_| format!("environment variable {var} is not set"));
+    }
+    if let Some(path) = file {
+        return std::fs::read_to_string(path)
+            .map(|v| Some(SecretString::from(v.trim().to_owned())))
+            .map_err(|e| format!("cannot read {path}: {e}"));
+    }
+    Ok(literal.map(|v| SecretString::from(v.clone())))
+}

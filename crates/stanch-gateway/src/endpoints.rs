@@ -1,0 +1,626 @@
+//! Upstream endpoints: load, latency, health and passive blocks, and how one is chosen.
+//!
+//! State is per (endpoint, model). Choosing is power-of-two-choices on
+//! `EWMA latency × (1 + in-flight / capacity)`, divided by the effective weight (the
+//! configured weight, ramped up over the slow-start window after a block). Blocked
+//! means lowest priority, not gone: when every candidate is blocked, the one most
+//! likely to be alive is used.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use secrecy::SecretString;
+use stanch_api::Timestamp;
+use stanch_api::hash::Fnv64;
+use tokio::time::Instant;
+
+use crate::config::BlockingPolicy;
+use crate::outcome::Outcome;
+
+/// EWMA smoothing factor.
+const ALPHA: f64 = 0.3;
+/// An idle endpoint's latency estimate halves every this long, so it is tried again.
+const DECAY_HALF_LIFE: Duration = Duration::from_secs(10);
+/// The latency a failure counts as, so a failing endpoint is not preferred.
+const FAILURE_PENALTY_MS: f64 = 1000.0;
+
+/// One endpoint serving one model.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// Base URL.
+    pub url: String,
+    /// The stanch model it serves.
+    pub model: String,
+    /// Its pool.
+    pub pool: String,
+    /// Configured weight.
+    pub weight: u32,
+    /// Comfortable concurrency.
+    pub capacity: u32,
+    /// Upstream model name; `None` forwards the requested name.
+    pub upstream_model: Option<String>,
+    /// Upstream API key.
+    pub api_key: Option<SecretString>,
+    /// The only endpoint of its pool: blocks on it are never extended.
+    pub alone: bool,
+    in_flight: AtomicU32,
+    health: Mutex<Health>,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    /// Latency estimate and when it was last updated; `None` until the first sample.
+    ewma_ms: Option<(f64, Instant)>,
+    consecutive: u32,
+    window: VecDeque<(Instant, bool)>,
+    blocked_until: Option<Instant>,
+    block_ended: Option<Instant>,
+    strikes: u32,
+    last_block: Option<Instant>,
+    successes: u64,
+    failures: u64,
+    last_success: Option<Timestamp>,
+    last_failure: Option<(Timestamp, &'static str)>,
+}
+
+/// A block the endpoint just got.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewBlock {
+    /// Its length.
+    pub ttl: Duration,
+    /// Backoff level.
+    pub strikes: u32,
+    /// The trigger that fired.
+    pub trigger: &'static str,
+}
+
+/// An endpoint's state, for `/v1/status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EndpointStatus {
+    /// URL.
+    pub url: String,
+    /// Model.
+    pub model: String,
+    /// Pool.
+    pub pool: String,
+    /// `ok`, `blocked` or `slow_start`.
+    pub state: &'static str,
+    /// Seconds left on a local block.
+    pub blocked_for_seconds: Option<u64>,
+    /// Failures in a row.
+    pub consecutive_failures: u32,
+    /// Totals.
+    pub successes: u64,
+    /// Totals.
+    pub failures: u64,
+    /// Latency EWMA.
+    pub ewma_ms: Option<f64>,
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// When it last answered well.
+    pub last_success: Option<Timestamp>,
+    /// When it last failed, and how.
+    pub last_failure: Option<(Timestamp, &'static str)>,
+}
+
+/// Holds an in-flight slot until dropped (a stream holds it to its end).
+pub struct InFlight(std::sync::Arc<Endpoint>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Endpoint {
+    /// A healthy endpoint.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one constructor from configuration"
+    )]
+    pub fn new(
+        url: &str,
+        model: &str,
+        pool: &str,
+        weight: u32,
+        capacity: u32,
+        upstream_model: Option<String>,
+        api_key: Option<SecretString>,
+        alone: bool,
+    ) -> Endpoint {
+        Endpoint {
+            url: url.trim_end_matches('/').to_owned(),
+            model: model.to_owned(),
+            pool: pool.to_owned(),
+            weight,
+            capacity,
+            upstream_model,
+            api_key,
+            alone,
+            in_flight: AtomicU32::new(0),
+            health: Mutex::new(Health::default()),
+        }
+    }
+
+    /// Counts a request in flight until the guard drops.
+    pub fn start(self: &std::sync::Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// Whether a local block holds at `now`.
+    pub fn blocked(&self, now: Instant) -> Option<Instant> {
+        let h = self.health.lock().expect("endpoint lock");
+        h.blocked_until.filter(|u| *u > now)
+    }
+
+    fn score(&self, now: Instant, slow_start: Duration) -> f64 {
+        let h = self.health.lock().expect("endpoint lock");
+        // Unmeasured endpoints are tried first; idle ones become attractive again.
+        let latency = h.latency(now).unwrap_or(0.0);
+        let load = 1.0
+            + f64::from(self.in_flight.load(Ordering::Relaxed)) / f64::from(self.capacity.max(1));
+        let ramp = match h.block_ended {
+            Some(ended) if !slow_start.is_zero() => {
+                (now.duration_since(ended).as_secs_f64() / slow_start.as_secs_f64()).clamp(0.1, 1.0)
+            }
+            _ => 1.0,
+        };
+        latency * load / (f64::from(self.weight.max(1)) * ramp)
+    }
+
+    fn success_rate(&self) -> f64 {
+        let h = self.health.lock().expect("endpoint lock");
+        let total = h.successes + h.failures;
+        if total == 0 {
+            1.0
+        } else {
+            h.successes as f64 / total as f64
+        }
+    }
+
+    /// Records an attempt's outcome; returns the block it triggered, if any.
+    pub fn record(
+        &self,
+        outcome: &Outcome,
+        latency: Duration,
+        policy: &BlockingPolicy,
+        now: Instant,
+        wall: Timestamp,
+    ) -> Option<NewBlock> {
+        if !outcome.is_endpoint_failure() {
+            let mut h = self.health.lock().expect("endpoint lock");
+            if matches!(outcome, Outcome::Success) {
+                h.sample(latency.as_secs_f64() * 1e3, now);
+                h.consecutive = 0;
+                h.successes += 1;
+                h.last_success = Some(wall);
+                h.window.push_back((now, true));
+                prune(&mut h.window, now, policy.window.0);
+            }
+            return None;
+        }
+        let mut h = self.health.lock().expect("endpoint lock");
+        h.sample((latency.as_secs_f64() * 1e3).max(FAILURE_PENALTY_MS), now);
+        h.consecutive += 1;
+        h.failures += 1;
+        h.last_failure = Some((wall, outcome.label()));
+        h.window.push_back((now, false));
+        prune(&mut h.window, now, policy.window.0);
+        if let Outcome::RateLimited {
+            retry_after: Some(d),
+        } = outcome
+        {
+            // The upstream said how long to stay away: a block of exactly that, no strike.
+            let until = now + *d;
+            if h.blocked_until.is_none_or(|u| u < until) {
+                h.blocked_until = Some(until);
+            }
+        }
+        if h.blocked_until.is_some_and(|u| u > now) {
+            return None;
+        }
+        let failures = h.window.iter().filter(|(_, ok)| !ok).count() as u32;
+        let total = h.window.len() as u32;
+        let trigger =
+            if policy.consecutive_failures > 0 && h.consecutive >= policy.consecutive_failures {
+                Some("consecutive_failures")
+            } else if policy.window_failures > 0 && failures >= policy.window_failures {
+                Some("window_failures")
+            } else if policy.failure_rate > 0.0
+                && total >= policy.min_requests
+                && f64::from(failures) / f64::from(total) >= policy.failure_rate
+            {
+                Some("failure_rate")
+            } else {
+                None
+            }?;
+        if policy.never_block.iter().any(|p| glob(p, &self.url)) {
+            return None;
+        }
+        let repeat = h
+            .last_block
+            .is_some_and(|t| now.duration_since(t) <= policy.backoff_reset.0);
+        if repeat && self.alone {
+            // Blocking the only endpoint of a pool longer leaves it nowhere to go.
+            return None;
+        }
+        h.strikes = if repeat { h.strikes + 1 } else { 1 };
+        let base = policy
+            .ttl
+            .0
+            .saturating_mul(1 << (h.strikes - 1).min(16))
+            .min(policy.max_ttl.0.max(policy.ttl.0));
+        let ttl = jitter(base, policy.jitter, &self.url, h.strikes);
+        h.blocked_until = Some(now + ttl);
+        h.block_ended = Some(now + ttl);
+        h.last_block = Some(now);
+        h.consecutive = 0;
+        h.window.clear();
+        Some(NewBlock {
+            ttl,
+            strikes: h.strikes,
+            trigger,
+        })
+    }
+
+    /// The endpoint's state for `/v1/status`.
+    pub fn status(&self, now: Instant, slow_start: Duration) -> EndpointStatus {
+        let h = self.health.lock().expect("endpoint lock");
+        let blocked = h.blocked_until.filter(|u| *u > now);
+        let ramping = h
+            .block_ended
+            .is_some_and(|e| e <= now && now.duration_since(e) < slow_start);
+        EndpointStatus {
+            url: self.url.clone(),
+            model: self.model.clone(),
+            pool: self.pool.clone(),
+            state: if blocked.is_some() {
+                "blocked"
+            } else if ramping {
+                "slow_start"
+            } else {
+                "ok"
+            },
+            blocked_for_seconds: blocked.map(|u| u.duration_since(now).as_secs()),
+            consecutive_failures: h.consecutive,
+            successes: h.successes,
+            failures: h.failures,
+            ewma_ms: h.latency(now),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            last_success: h.last_success,
+            last_failure: h.last_failure,
+        }
+    }
+}
+
+impl Health {
+    /// The latency estimate at `now`, decayed while idle.
+    fn latency(&self, now: Instant) -> Option<f64> {
+        self.ewma_ms.map(|(ms, at)| {
+            let idle = now.saturating_duration_since(at).as_secs_f64();
+            ms * 0.5f64.powf(idle / DECAY_HALF_LIFE.as_secs_f64())
+        })
+    }
+
+    fn sample(&mut self, ms: f64, now: Instant) {
+        let next = match self.latency(now) {
+            Some(e) => ALPHA * ms + (1.0 - ALPHA) * e,
+            None => ms,
+        };
+        self.ewma_ms = Some((next, now));
+    }
+}
+
+fn prune(window: &mut VecDeque<(Instant, bool)>, now: Instant, span: Duration) {
+    while window
+        .front()
+        .is_some_and(|(t, _)| now.duration_since(*t) > span)
+    {
+        window.pop_front();
+    }
+}
+
+fn jitter(d: Duration, fraction: f64, url: &str, strikes: u32) -> Duration {
+    if fraction <= 0.0 {
+        return d;
+    }
+    let mut h = Fnv64::default();
+    h.write(url.as_bytes());
+    h.write(&strikes.to_le_bytes());
+    h.write(&next_random().to_le_bytes());
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    d.mul_f64(1.0 + fraction * (2.0 * unit - 1.0))
+}
+
+/// `*` and `?` globs.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star) = (0, 0, None);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+static RANDOM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+
+/// A fast, non-cryptographic random number (xorshift), for choices and jitter.
+pub fn next_random() -> u64 {
+    let mut x = RANDOM.load(Ordering::Relaxed);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    RANDOM.store(x, Ordering::Relaxed);
+    x
+}
+
+/// Picks among `candidates` (not yet tried for this request). Returns the endpoint and
+/// whether every candidate was blocked (so a blocked one was used anyway).
+pub fn choose<'a>(
+    candidates: &[&'a Endpoint],
+    table_blocked: impl Fn(&Endpoint) -> Option<Timestamp>,
+    now: Instant,
+    slow_start: Duration,
+) -> Option<(&'a Endpoint, bool)> {
+    let open: Vec<&Endpoint> = candidates
+        .iter()
+        .copied()
+        .filter(|e| e.blocked(now).is_none() && table_blocked(e).is_none())
+        .collect();
+    if open.is_empty() {
+        // Blocked is lowest priority, not gone: the block ending soonest, then the best
+        // success rate, is the most likely to be alive.
+        let best = candidates.iter().copied().min_by(|a, b| {
+            let end = |e: &Endpoint| {
+                e.blocked(now)
+                    .map_or(Duration::ZERO, |u| u.duration_since(now))
+            };
+            end(a)
+                .cmp(&end(b))
+                .then(b.success_rate().total_cmp(&a.success_rate()))
+        })?;
+        return Some((best, true));
+    }
+    if open.len() == 1 {
+        return Some((open[0], false));
+    }
+    let i = (next_random() % open.len() as u64) as usize;
+    let mut j = (next_random() % (open.len() as u64 - 1)) as usize;
+    if j >= i {
+        j += 1;
+    }
+    let (a, b) = (open[i], open[j]);
+    let pick = if a.score(now, slow_start) <= b.score(now, slow_start) {
+        a
+    } else {
+        b
+    };
+    Some((pick, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(url: &str, alone: bool) -> Endpoint {
+        Endpoint::new(url, "m", "p", 1, 10, None, None, alone)
+    }
+
+    fn policy() -> BlockingPolicy {
+        BlockingPolicy {
+            consecutive_failures: 3,
+            jitter: 0.0,
+            ..BlockingPolicy::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn consecutive_failures_block_with_backoff() {
+        let e = ep("http://a", false);
+        let p = policy();
+        let now = Instant::now();
+        let fail = Outcome::ServerError(503);
+        assert!(
+            e.record(&fail, Duration::ZERO, &p, now, Timestamp(0))
+                .is_none()
+        );
+        assert!(
+            e.record(&fail, Duration::ZERO, &p, now, Timestamp(0))
+                .is_none()
+        );
+        let b = e
+            .record(&fail, Duration::ZERO, &p, now, Timestamp(0))
+            .expect("third failure blocks");
+        assert_eq!(
+            (b.ttl, b.strikes, b.trigger),
+            (Duration::from_secs(60), 1, "consecutive_failures")
+        );
+        assert!(e.blocked(now).is_some());
+        let later = now + Duration::from_secs(61);
+        assert!(e.blocked(later).is_none());
+        for _ in 0..2 {
+            e.record(&fail, Duration::ZERO, &p, later, Timestamp(0));
+        }
+        let b = e
+            .record(&fail, Duration::ZERO, &p, later, Timestamp(0))
+            .unwrap();
+        assert_eq!(
+            (b.ttl, b.strikes),
+            (Duration::from_secs(120), 2),
+            "repeat offender"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn caller_faults_and_successes_do_not_count() {
+        let e = ep("http://a", false);
+        let p = policy();
+        let now = Instant::now();
+        for _ in 0..10 {
+            assert!(
+                e.record(
+                    &Outcome::CallerFault(400),
+                    Duration::ZERO,
+                    &p,
+                    now,
+                    Timestamp(0)
+                )
+                .is_none()
+            );
+        }
+        e.record(
+            &Outcome::ServerError(500),
+            Duration::ZERO,
+            &p,
+            now,
+            Timestamp(0),
+        );
+        e.record(
+            &Outcome::Success,
+            Duration::from_millis(5),
+            &p,
+            now,
+            Timestamp(0),
+        );
+        e.record(
+            &Outcome::ServerError(500),
+            Duration::ZERO,
+            &p,
+            now,
+            Timestamp(0),
+        );
+        assert!(
+            e.record(
+                &Outcome::ServerError(500),
+                Duration::ZERO,
+                &p,
+                now,
+                Timestamp(0)
+            )
+            .is_none(),
+            "the run was broken"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_and_window_triggers_and_guards() {
+        let now = Instant::now();
+        let rate = BlockingPolicy {
+            consecutive_failures: 0,
+            failure_rate: 0.5,
+            min_requests: 4,
+            jitter: 0.0,
+            ..BlockingPolicy::default()
+        };
+        let e = ep("http://a", false);
+        e.record(&Outcome::Success, Duration::ZERO, &rate, now, Timestamp(0));
+        e.record(&Outcome::Connect, Duration::ZERO, &rate, now, Timestamp(0));
+        e.record(&Outcome::Success, Duration::ZERO, &rate, now, Timestamp(0));
+        assert_eq!(
+            e.record(&Outcome::Connect, Duration::ZERO, &rate, now, Timestamp(0))
+                .unwrap()
+                .trigger,
+            "failure_rate"
+        );
+
+        let never = BlockingPolicy {
+            never_block: vec!["http://canary*".into()],
+            ..policy()
+        };
+        let c = ep("http://canary-1", false);
+        for _ in 0..5 {
+            assert!(
+                c.record(&Outcome::Connect, Duration::ZERO, &never, now, Timestamp(0))
+                    .is_none()
+            );
+        }
+
+        let alone = ep("http://solo", true);
+        let p = policy();
+        for _ in 0..3 {
+            alone.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+        }
+        assert!(alone.blocked(now).is_some(), "a first block is allowed");
+        let later = now + Duration::from_secs(61);
+        for _ in 0..3 {
+            assert!(
+                alone
+                    .record(&Outcome::Connect, Duration::ZERO, &p, later, Timestamp(0))
+                    .is_none()
+            );
+        }
+        assert!(
+            alone.blocked(later).is_none(),
+            "not extended on the only endpoint"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn choosing_prefers_open_fast_idle_endpoints() {
+        let now = Instant::now();
+        let p = policy();
+        let (fast, slow, blocked) = (
+            ep("http://fast", false),
+            ep("http://slow", false),
+            ep("http://blocked", false),
+        );
+        for _ in 0..5 {
+            fast.record(
+                &Outcome::Success,
+                Duration::from_millis(5),
+                &p,
+                now,
+                Timestamp(0),
+            );
+            slow.record(
+                &Outcome::Success,
+                Duration::from_millis(500),
+                &p,
+                now,
+                Timestamp(0),
+            );
+        }
+        for _ in 0..3 {
+            blocked.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+        }
+        let all = [&fast, &slow, &blocked];
+        let mut fast_picks = 0;
+        for _ in 0..200 {
+            let (e, all_blocked) = choose(&all, |_| None, now, Duration::ZERO).unwrap();
+            assert!(!all_blocked);
+            assert_ne!(e.url, "http://blocked");
+            if e.url == "http://fast" {
+                fast_picks += 1;
+            }
+        }
+        assert_eq!(fast_picks, 200, "with two open endpoints P2C compares both");
+        let (e, all_blocked) = choose(&[&blocked], |_| None, now, Duration::ZERO).unwrap();
+        assert!(
+            all_blocked && e.url == "http://blocked",
+            "blocked is lowest priority, not gone"
+        );
+        let (e, _) = choose(
+            &[&fast, &slow],
+            |e| (e.url == "http://fast").then_some(Timestamp(1)),
+            now,
+            Duration::ZERO,
+        )
+        .unwrap();
+        assert_eq!(e.url, "http://slow", "the route table's blocks count too");
+    }
+}

@@ -1,0 +1,349 @@
+//! stanch-gateway: the reference data plane. An OpenAI-compatible proxy that applies
+//! stanch's route table per request and heals per request on its own.
+//!
+//! Owns: serving `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! `/v1/models`; applying the table (rungs, VIP exemption, blocks, leases); choosing
+//! endpoints; classifying outcomes; passive blocking; retries within a budget; pool,
+//! model and FAQ fallbacks; streaming pass-through. Does not own: decisions across the
+//! fleet (the controller's) or capacity limits.
+
+pub mod budget;
+pub mod config;
+pub mod endpoints;
+pub mod faq;
+pub mod metrics;
+pub mod outcome;
+mod proxy;
+mod sse;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use secrecy::SecretString;
+use stanch_api::RouteTable;
+use stanch_api::clock::Clock;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use crate::budget::RetryBudget;
+use crate::config::{GatewayConfig, is_glob, secret};
+use crate::endpoints::{Endpoint, glob};
+use crate::faq::Faq;
+use crate::metrics::{EndpointLabels, Metrics};
+
+/// A configured model, ready to serve.
+pub(crate) struct ModelPlan {
+    pub pools: Vec<(String, Vec<Arc<Endpoint>>)>,
+}
+
+/// A caller.
+pub(crate) struct Tenant {
+    pub key: SecretString,
+    pub name: String,
+    pub vip: bool,
+}
+
+/// The gateway, shared by every request.
+pub struct Gateway {
+    pub(crate) config: GatewayConfig,
+    pub(crate) models: BTreeMap<String, ModelPlan>,
+    pub(crate) globs: Vec<String>,
+    pub(crate) tenants: Vec<Tenant>,
+    pub(crate) faqs: BTreeMap<String, Faq>,
+    pub(crate) budget: RetryBudget,
+    pub(crate) routes: Option<stanch_client::Routes>,
+    pub(crate) client: Client<HttpConnector, Full<Bytes>>,
+    pub(crate) metrics: Metrics,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A secret named in the configuration could not be read.
+    #[error("{what}: {why}")]
+    Secret {
+        /// Which setting.
+        what: String,
+        /// Why.
+        why: String,
+    },
+}
+
+impl Gateway {
+    /// Builds the gateway; `routes` follows a controller when there is one.
+    pub fn new(
+        config: GatewayConfig,
+        routes: Option<stanch_client::Routes>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Gateway, StartError> {
+        let mut models = BTreeMap::new();
+        for (name, m) in &config.models {
+            let mut pools = Vec::new();
+            for pool in &m.pools {
+                let alone = pool.endpoints.len() == 1;
+                let mut eps = Vec::new();
+                for (j, e) in pool.endpoints.iter().enumerate() {
+                    let key = secret(e.api_key_env.as_ref(), e.api_key_file.as_ref(), None)
+                        .map_err(|why| StartError::Secret {
+                            what: format!("models.{name}.pools.{}.endpoints[{j}]", pool.name),
+                            why,
+                        })?;
+                    let upstream = e
+                        .upstream_model
+                        .clone()
+                        .or_else(|| (!is_glob(name)).then(|| name.clone()));
+                    eps.push(Arc::new(Endpoint::new(
+                        &e.url, name, &pool.name, e.weight, e.capacity, upstream, key, alone,
+                    )));
+                }
+                pools.push((pool.name.clone(), eps));
+            }
+            models.insert(name.clone(), ModelPlan { pools });
+        }
+        let mut tenants = Vec::new();
+        for (i, t) in config.tenants.iter().enumerate() {
+            let key = secret(t.key_env.as_ref(), t.key_file.as_ref(), t.key.as_ref())
+                .map_err(|why| StartError::Secret {
+                    what: format!("tenants[{i}]"),
+                    why,
+                })?
+                .ok_or_else(|| StartError::Secret {
+                    what: format!("tenants[{i}]"),
+                    why: "no key".into(),
+                })?;
+            tenants.push(Tenant {
+                key,
+                name: t.name.clone(),
+                vip: t.vip,
+            });
+        }
+        let faqs = config
+            .faq_sets
+            .iter()
+            .map(|(name, set)| (name.clone(), Faq::new(set)))
+            .collect();
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.timeouts.connect.0));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        let r = &config.retry;
+        let budget = RetryBudget::new(r.budget_ratio, r.budget_min_retries, r.budget_window.0);
+        let globs = config
+            .models
+            .keys()
+            .filter(|k| is_glob(k))
+            .cloned()
+            .collect();
+        Ok(Gateway {
+            models,
+            globs,
+            tenants,
+            faqs,
+            budget,
+            routes,
+            client,
+            metrics: Metrics::new(),
+            clock,
+            config,
+        })
+    }
+
+    /// The configured model serving a requested name: exact, else the first glob.
+    pub(crate) fn resolve(&self, requested: &str) -> Option<&str> {
+        if let Some((k, _)) = self.models.get_key_value(requested) {
+            if !is_glob(k) {
+                return Some(k);
+            }
+        }
+        self.globs
+            .iter()
+            .find(|g| glob(g, requested))
+            .map(String::as_str)
+    }
+
+    /// The applied route table, if any.
+    pub(crate) fn table(&self) -> Option<Arc<RouteTable>> {
+        self.routes
+            .as_ref()
+            .and_then(stanch_client::Routes::current)
+    }
+
+    /// Checks that a route table can be applied here (the controller hears why not).
+    pub fn validator(config: &GatewayConfig) -> stanch_client::Validator {
+        let faqs: Vec<String> = config.faq_sets.keys().cloned().collect();
+        Arc::new(move |t: &RouteTable| {
+            for (name, m) in &t.models {
+                if let Some(faq) = &m.faq {
+                    if !faqs.contains(faq) {
+                        return Err(format!("models.{name}.faq: unknown FAQ set {faq:?}"));
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The gateway's router.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    let limit = gateway.config.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(proxy::chat))
+        .route("/v1/completions", post(proxy::completions))
+        .route("/v1/embeddings", post(proxy::embeddings))
+        .route("/v1/models", get(models))
+        .route("/v1/status", get(status))
+        .route("/status", get(status_text))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(gateway)
+}
+
+async fn models(State(gw): State<Arc<Gateway>>) -> axum::Json<serde_json::Value> {
+    let data: Vec<_> = gw
+        .models
+        .keys()
+        .filter(|k| !is_glob(k))
+        .map(|k| serde_json::json!({"id": k, "object": "model", "created": 0, "owned_by": "stanch-gateway"}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data}))
+}
+
+fn status_value(gw: &Gateway) -> serde_json::Value {
+    let now = Instant::now();
+    let wall = gw.clock.now();
+    let table = gw.table();
+    let slow_start = gw.config.blocking.slow_start.0;
+    let endpoints: Vec<_> = gw
+        .models
+        .values()
+        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
+        .map(|e| {
+            let mut s = serde_json::to_value(e.status(now, slow_start)).unwrap_or_default();
+            if let Some(until) = table.as_ref().and_then(|t| proxy::table_block(t, e, wall)) {
+                s["table_blocked_until"] = serde_json::json!(until);
+            }
+            s
+        })
+        .collect();
+    serde_json::json!({
+        "route_version": table.as_ref().map(|t| t.version),
+        "route_epoch": table.as_ref().map(|t| t.epoch.clone()),
+        "route_age_seconds": table.as_ref().map(|t| wall.since(t.generated_at).as_secs()),
+        "models": table.as_ref().map(|t| t.models.iter().map(|(k, m)| (k.clone(), serde_json::json!({
+            "rung": m.rung, "pool": m.pool, "alias": m.alias, "lease_expired": m.lease_until <= wall,
+        }))).collect::<serde_json::Map<_, _>>()),
+        "endpoints": endpoints,
+    })
+}
+
+async fn status(State(gw): State<Arc<Gateway>>) -> axum::Json<serde_json::Value> {
+    axum::Json(status_value(&gw))
+}
+
+/// The status as a plain table, for a human with curl.
+async fn status_text(State(gw): State<Arc<Gateway>>) -> String {
+    let s = status_value(&gw);
+    let mut out = format!(
+        "route version {} (age {}s)\n\n{:<32} {:<10} {:<6} {:<10} {:>6} {:>6} {:>9}\n",
+        s["route_version"],
+        s["route_age_seconds"],
+        "ENDPOINT",
+        "MODEL",
+        "POOL",
+        "STATE",
+        "OK",
+        "FAIL",
+        "EWMA ms"
+    );
+    for e in s["endpoints"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<32} {:<10} {:<6} {:<10} {:>6} {:>6} {:>9.1}\n",
+            e["url"].as_str().unwrap_or(""),
+            e["model"].as_str().unwrap_or(""),
+            e["pool"].as_str().unwrap_or(""),
+            if e["table_blocked_until"].is_null() {
+                e["state"].as_str().unwrap_or("")
+            } else {
+                "blocked*"
+            },
+            e["successes"],
+            e["failures"],
+            e["ewma_ms"].as_f64().unwrap_or(0.0),
+        ));
+    }
+    out
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let now = Instant::now();
+    let wall = gw.clock.now();
+    let table = gw.table();
+    if let Some(t) = &table {
+        gw.metrics
+            .route_version
+            .set(i64::try_from(t.version).unwrap_or(i64::MAX));
+        gw.metrics
+            .route_age_seconds
+            .set(i64::try_from(wall.since(t.generated_at).as_secs()).unwrap_or(i64::MAX));
+    }
+    for e in gw
+        .models
+        .values()
+        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
+    {
+        let blocked = e.blocked(now).is_some()
+            || table
+                .as_ref()
+                .is_some_and(|t| proxy::table_block(t, e, wall).is_some());
+        gw.metrics
+            .endpoint_blocked
+            .get_or_create(&EndpointLabels {
+                endpoint: e.url.clone(),
+                model: e.model.clone(),
+            })
+            .set(i64::from(blocked));
+    }
+    let mut r = gw.metrics.encode().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            .parse()
+            .expect("static header"),
+    );
+    r
+}
+
+/// Serves `router` on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(gateway))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// A gateway-made error in OpenAI's shape.
+pub(crate) fn openai_error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    (status, axum::Json(body)).into_response()
+}

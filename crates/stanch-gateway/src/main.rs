@@ -1,0 +1,94 @@
+//! `stanch-gateway`: run the reference data plane.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use stanch_api::clock::SystemClock;
+use stanch_gateway::Gateway;
+use stanch_gateway::config::{GatewayConfig, secret};
+
+/// The stanch reference gateway: OpenAI-compatible, applies stanch's route table.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The YAML configuration.
+    #[arg(long, env = "STANCH_GATEWAY_CONFIG")]
+    config: PathBuf,
+    /// Address to listen on.
+    #[arg(long, env = "STANCH_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text")]
+    log_format: String,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if args.log_format == "json" {
+        logs.json().flatten_event(true).init();
+    } else {
+        logs.init();
+    }
+    let config = match std::fs::read_to_string(&args.config)
+        .map_err(|e| e.to_string())
+        .and_then(|t| GatewayConfig::from_yaml(&t).map_err(|e| e.to_string()))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: {e}", args.config.display());
+            return ExitCode::from(64);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config, args.listen)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stanch-gateway: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: GatewayConfig, listen: SocketAddr) -> anyhow::Result<()> {
+    let routes = match &config.controller {
+        Some(c) => {
+            let id = c
+                .gateway_id
+                .clone()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .unwrap_or_else(|| listen.to_string());
+            let mut watch = stanch_client::WatchConfig::new(&c.url, &id);
+            watch.token = secret(c.token_env.as_ref(), c.token_file.as_ref(), None)
+                .map_err(anyhow::Error::msg)?;
+            watch.state_file = c.state_file.as_ref().map(PathBuf::from);
+            let (routes, _task) = stanch_client::start(watch, Some(Gateway::validator(&config)));
+            Some(routes)
+        }
+        None => None,
+    };
+    let gateway = Arc::new(Gateway::new(config, routes, Arc::new(SystemClock))?);
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(%listen, "stanch-gateway listening");
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    stanch_gateway::serve(listener, gateway, shutdown).await?;
+    Ok(())
+}

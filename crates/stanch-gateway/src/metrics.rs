@@ -1,0 +1,202 @@
+//! The gateway's metrics, named in one place. Labels are bounded: models and endpoint
+//! URLs come from the configuration, never from requests.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of a finished request.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The model asked for (its configured name).
+    pub model: String,
+    /// The model that answered (an alias, a fallback, or `faq`).
+    pub served_model: String,
+    /// The pool that answered.
+    pub pool: String,
+    /// The endpoint that answered.
+    pub endpoint: String,
+    /// `2xx`, `4xx`, `5xx`.
+    pub status_class: &'static str,
+    /// The last attempt's outcome, or `static`/`faq_fallback`.
+    pub outcome: &'static str,
+}
+
+/// Labels of one upstream attempt.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// The endpoint.
+    pub endpoint: String,
+    /// Its outcome.
+    pub outcome: &'static str,
+}
+
+/// A model label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    /// The model.
+    pub model: String,
+}
+
+/// A kind label from a fixed set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind.
+    pub kind: &'static str,
+}
+
+/// An endpoint and model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// The endpoint.
+    pub endpoint: String,
+    /// The model.
+    pub model: String,
+}
+
+/// Every gateway metric.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by model, served model, pool, endpoint, status class and outcome.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Upstream attempts by endpoint and outcome.
+    pub attempts: Family<AttemptLabels, Counter>,
+    /// Request latency (to the last byte), by model.
+    pub latency: Family<ModelLabel, Histogram>,
+    /// Time to first token of streamed answers, by model.
+    pub ttft: Family<ModelLabel, Histogram>,
+    /// Retries, by model.
+    pub retries: Family<ModelLabel, Counter>,
+    /// Fallbacks by kind: `pool`, `model`, `larger_context`, `faq`.
+    pub fallbacks: Family<KindLabel, Counter>,
+    /// Answers from an alias model while degraded, by requested model.
+    pub degraded: Family<ModelLabel, Counter>,
+    /// Static (FAQ) answers, by model.
+    pub static_answers: Family<ModelLabel, Counter>,
+    /// Passive blocks made, by trigger.
+    pub blocks: Family<KindLabel, Counter>,
+    /// 1 while an endpoint is blocked for a model (locally or by the table).
+    pub endpoint_blocked: Family<EndpointLabels, Gauge>,
+    /// Times every candidate was blocked and one was used anyway.
+    pub all_blocked: Counter,
+    /// Malformed stream chunks dropped.
+    pub malformed_chunks: Counter,
+    /// Retries refused by the retry budget.
+    pub budget_exhausted: Counter,
+    /// The applied route version (0 without one).
+    pub route_version: Gauge,
+    /// Seconds since the applied route table was generated.
+    pub route_age_seconds: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("stanch_gateway");
+        let histogram = || Histogram::new(exponential_buckets(0.000_5, 2.0, 18));
+        let m = Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            attempts: Family::default(),
+            latency: Family::new_with_constructor(histogram),
+            ttft: Family::new_with_constructor(histogram),
+            retries: Family::default(),
+            fallbacks: Family::default(),
+            degraded: Family::default(),
+            static_answers: Family::default(),
+            blocks: Family::default(),
+            endpoint_blocked: Family::default(),
+            all_blocked: Counter::default(),
+            malformed_chunks: Counter::default(),
+            budget_exhausted: Counter::default(),
+            route_version: Gauge::default(),
+            route_age_seconds: Gauge::default(),
+        };
+        registry.register(
+            "requests",
+            "Requests by model, served model, pool, endpoint, status class and outcome",
+            m.requests.clone(),
+        );
+        registry.register(
+            "upstream_attempts",
+            "Upstream attempts by endpoint and outcome",
+            m.attempts.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request latency to the last byte",
+            m.latency.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time to the first streamed token",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "retries",
+            "Retries on another endpoint, pool or model",
+            m.retries.clone(),
+        );
+        registry.register("fallbacks", "Fallbacks by kind", m.fallbacks.clone());
+        registry.register(
+            "degraded_answers",
+            "Answers from the alias model while degraded",
+            m.degraded.clone(),
+        );
+        registry.register("static_answers", "FAQ answers", m.static_answers.clone());
+        registry.register(
+            "blocks",
+            "Passive endpoint blocks made, by trigger",
+            m.blocks.clone(),
+        );
+        registry.register(
+            "endpoint_blocked",
+            "1 while the endpoint is blocked for the model",
+            m.endpoint_blocked.clone(),
+        );
+        registry.register(
+            "all_candidates_blocked",
+            "Requests sent to a blocked endpoint because every candidate was blocked",
+            m.all_blocked.clone(),
+        );
+        registry.register(
+            "malformed_chunks",
+            "Malformed stream chunks dropped",
+            m.malformed_chunks.clone(),
+        );
+        registry.register(
+            "retry_budget_exhausted",
+            "Retries refused by the retry budget",
+            m.budget_exhausted.clone(),
+        );
+        registry.register(
+            "route_version",
+            "The applied route table version",
+            m.route_version.clone(),
+        );
+        registry.register(
+            "route_age_seconds",
+            "Seconds since the applied route table was generated",
+            m.route_age_seconds.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

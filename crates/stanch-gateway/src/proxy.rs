@@ -1,0 +1,870 @@
+//! One request's way through the gateway: apply the route table, choose an endpoint,
+//! classify what happened, retry elsewhere within the budget, fall back to the next
+//! pool, the fallback model, and finally the FAQ.
+//!
+//! Streams are committed to an upstream only when its first token arrives, so a slow
+//! or failed start is retried without the caller noticing. Once bytes have reached
+//! the caller, a failure ends the stream with an explicit SSE error event (never a
+//! silently truncated answer presented as complete). A final chunk without
+//! `data: [DONE]` is complete: the gateway adds `[DONE]` promptly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use secrecy::ExposeSecret;
+use serde_json::{Value, json};
+use stanch_api::headers::{DEGRADED, ROUTE_VERSION};
+use stanch_api::{RouteTable, Rung, Timestamp};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::endpoints::{Endpoint, choose};
+use crate::metrics::{AttemptLabels, KindLabel, ModelLabel, RequestLabels};
+use crate::outcome::{Outcome, classify_status, retry_after};
+use crate::sse::{Event, Parser};
+use crate::{Gateway, openai_error};
+
+/// How long to wait for `[DONE]` after the final chunk before adding it ourselves.
+const DONE_GRACE: Duration = Duration::from_millis(200);
+/// The most of an upstream error body read, to classify it.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Api {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+            Api::Embeddings => "/v1/embeddings",
+        }
+    }
+
+    fn answers_from_faq(self) -> bool {
+        self != Api::Embeddings
+    }
+}
+
+/// `POST /v1/chat/completions`
+pub(crate) async fn chat(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(gw, Api::Chat, headers, body).await
+}
+
+/// `POST /v1/completions`
+pub(crate) async fn completions(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(gw, Api::Completions, headers, body).await
+}
+
+/// `POST /v1/embeddings`
+pub(crate) async fn embeddings(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(gw, Api::Embeddings, headers, body).await
+}
+
+/// The block the route table puts on an endpoint for its model, if any.
+pub(crate) fn table_block(table: &RouteTable, e: &Endpoint, now: Timestamp) -> Option<Timestamp> {
+    table
+        .blocked
+        .iter()
+        .filter(|b| b.until > now && b.model.as_ref().is_none_or(|m| *m == e.model))
+        .filter(|b| b.endpoint == e.url || e.url.ends_with(&format!("//{}", b.endpoint)))
+        .map(|b| b.until)
+        .min()
+}
+
+/// What one request carries through its attempts.
+struct Ctx {
+    gw: Arc<Gateway>,
+    api: Api,
+    requested: String,
+    model: String,
+    body: Value,
+    stream: bool,
+    version: u64,
+    started: Instant,
+    degraded: bool,
+    attempts: u32,
+    /// The caller's tenant name, for logs (never its key).
+    tenant: String,
+}
+
+enum Attempt {
+    /// The answer (or a stream committed to the caller).
+    Answer(Response),
+    /// The caller's fault: passed on unchanged.
+    Caller(Outcome, Response),
+    /// The endpoint failed; try elsewhere.
+    Failed(Outcome),
+}
+
+async fn handle(
+    gw: Arc<Gateway>,
+    api: Api,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let raw = match raw {
+        Ok(b) => b,
+        Err(r) => {
+            return openai_error(
+                r.status(),
+                "invalid_request_error",
+                "bad_body",
+                &r.body_text(),
+            );
+        }
+    };
+    let body: Value = match serde_json::from_slice(&raw) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            return openai_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_json",
+                "the body must be a JSON object",
+            );
+        }
+    };
+    let Some(requested) = body["model"].as_str().map(str::to_owned) else {
+        return openai_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "model_required",
+            "model: required",
+        );
+    };
+    let Some(model) = gw.resolve(&requested).map(str::to_owned) else {
+        return openai_error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            &format!("model {requested:?} is not served here"),
+        );
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let tenant = presented.and_then(|key| gw.tenants.iter().find(|t| t.key.expose_secret() == key));
+    if gw.config.require_tenant && tenant.is_none() {
+        return openai_error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            "unknown API key",
+        );
+    }
+    let vip = tenant.is_some_and(|t| t.vip);
+    let wall = gw.clock.now();
+    let table = gw.table();
+    let version = table.as_ref().map_or(0, |t| t.version);
+    gw.budget.request(Instant::now());
+    let stream = api != Api::Embeddings && body["stream"].as_bool().unwrap_or(false);
+    let mut ctx = Ctx {
+        gw: gw.clone(),
+        api,
+        requested,
+        model: model.clone(),
+        body,
+        stream,
+        version,
+        started: Instant::now(),
+        degraded: false,
+        attempts: 0,
+        tenant: tenant.map_or_else(|| "anonymous".to_owned(), |t| t.name.clone()),
+    };
+
+    // An entry whose lease has passed is not honoured: routing falls back to normal.
+    let entry = |m: &str| {
+        table
+            .as_ref()
+            .and_then(|t| t.models.get(m))
+            .filter(|e| e.lease_until > wall)
+            .cloned()
+    };
+    let mut serve = model.clone();
+    if let Some(e) = entry(&model) {
+        match e.rung {
+            Rung::Static if api.answers_from_faq() => {
+                return faq_answer(&ctx, e.faq.as_deref(), "static");
+            }
+            Rung::Degraded => {
+                let exempt = vip && e.alias_exempt.iter().any(|c| c == "vip");
+                if let Some(alias) = e.alias.filter(|a| !exempt && gw.models.contains_key(a)) {
+                    serve = alias;
+                    ctx.degraded = true;
+                    gw.metrics
+                        .degraded
+                        .get_or_create(&ModelLabel {
+                            model: model.clone(),
+                        })
+                        .inc();
+                }
+            }
+            _ => {}
+        }
+    }
+    if ctx.degraded {
+        if let Some(e) = entry(&serve).filter(|e| e.rung == Rung::Static && api.answers_from_faq())
+        {
+            return faq_answer(&ctx, e.faq.as_deref(), "static");
+        }
+    }
+    let mut targets = plan(&gw, &serve, &entry);
+    let mut redirected = false;
+    let mut tried: Vec<Arc<Endpoint>> = Vec::new();
+    let policy = &gw.config.retry;
+    let deadline = ctx.started + gw.config.timeouts.total.0;
+    let mut t = 0;
+    'targets: while t < targets.len() {
+        let (m, p) = targets[t].clone();
+        let endpoints = &gw.models[&m].pools[p].1;
+        let mut in_pool = 0;
+        while in_pool < policy.attempts_per_pool {
+            let now = Instant::now();
+            if ctx.attempts >= policy.max_attempts || now >= deadline {
+                break 'targets;
+            }
+            let candidates: Vec<&Endpoint> = endpoints
+                .iter()
+                .map(Arc::as_ref)
+                .filter(|e| !tried.iter().any(|t| std::ptr::eq(t.as_ref(), *e)))
+                .collect();
+            if candidates.is_empty() {
+                break;
+            }
+            if ctx.attempts > 0 {
+                if !gw.budget.try_retry(now) {
+                    gw.metrics.budget_exhausted.inc();
+                    break 'targets;
+                }
+                gw.metrics
+                    .retries
+                    .get_or_create(&ModelLabel {
+                        model: model.clone(),
+                    })
+                    .inc();
+                tokio::time::sleep(backoff(&gw, ctx.attempts)).await;
+            }
+            let blocked = |e: &Endpoint| table.as_ref().and_then(|t| table_block(t, e, wall));
+            let Some((chosen, all_blocked)) =
+                choose(&candidates, blocked, now, gw.config.blocking.slow_start.0)
+            else {
+                break;
+            };
+            if all_blocked {
+                gw.metrics.all_blocked.inc();
+            }
+            let endpoint = endpoints
+                .iter()
+                .find(|e| std::ptr::eq(e.as_ref(), chosen))
+                .cloned()
+                .expect("chosen from this pool");
+            tried.push(endpoint.clone());
+            ctx.attempts += 1;
+            in_pool += 1;
+            match attempt(&ctx, &endpoint, deadline).await {
+                Attempt::Answer(response) => {
+                    return finish(&ctx, response, Some(&endpoint), "success");
+                }
+                Attempt::Caller(Outcome::ContextTooLong, response) => {
+                    let larger = gw
+                        .config
+                        .models
+                        .get(&m)
+                        .and_then(|c| c.larger_context.clone());
+                    match larger {
+                        Some(l) if !redirected => {
+                            redirected = true;
+                            gw.metrics
+                                .fallbacks
+                                .get_or_create(&KindLabel {
+                                    kind: "larger_context",
+                                })
+                                .inc();
+                            targets = plan(&gw, &l, &entry);
+                            t = 0;
+                            continue 'targets;
+                        }
+                        _ => return finish(&ctx, response, Some(&endpoint), "context_too_long"),
+                    }
+                }
+                Attempt::Caller(outcome, response) => {
+                    return finish(&ctx, response, Some(&endpoint), outcome.label());
+                }
+                Attempt::Failed(outcome) => {
+                    if outcome.excludes_endpoint() {
+                        warn!(endpoint = %endpoint.url, outcome = outcome.label(), "too slow; not retried for this request");
+                    }
+                }
+            }
+        }
+        t += 1;
+        if let Some((next, _)) = targets.get(t) {
+            let kind = if *next == m { "pool" } else { "model" };
+            gw.metrics
+                .fallbacks
+                .get_or_create(&KindLabel { kind })
+                .inc();
+        }
+    }
+    if api.answers_from_faq() {
+        gw.metrics
+            .fallbacks
+            .get_or_create(&KindLabel { kind: "faq" })
+            .inc();
+        let faq = gw.config.models.get(&serve).and_then(|m| m.faq.clone());
+        return faq_answer(&ctx, faq.as_deref(), "faq_fallback");
+    }
+    let response = openai_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "upstreams_unavailable",
+        "every upstream failed; retry later",
+    );
+    finish(&ctx, response, None, "exhausted")
+}
+
+/// The (model, pool) pairs to try in order: the model's active pool, its other pools,
+/// then each fallback model's active and other pools.
+fn plan(
+    gw: &Gateway,
+    model: &str,
+    entry: &dyn Fn(&str) -> Option<stanch_api::ModelRoute>,
+) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let fallbacks = gw
+        .config
+        .models
+        .get(model)
+        .map(|m| m.fallbacks.clone())
+        .unwrap_or_default();
+    for m in std::iter::once(model.to_owned()).chain(fallbacks) {
+        let Some(plan) = gw.models.get(&m) else {
+            continue;
+        };
+        let active = entry(&m)
+            .and_then(|e| plan.pools.iter().position(|(name, _)| *name == e.pool))
+            .unwrap_or(0);
+        out.push((m.clone(), active));
+        out.extend(
+            (0..plan.pools.len())
+                .filter(|i| *i != active)
+                .map(|i| (m.clone(), i)),
+        );
+    }
+    out
+}
+
+fn backoff(gw: &Gateway, attempts: u32) -> Duration {
+    let r = &gw.config.retry;
+    let base = r
+        .backoff_base
+        .0
+        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
+        .min(r.backoff_max.0);
+    // Full jitter between half and all of it.
+    let unit = (crate::endpoints::next_random() % 1000) as f64 / 1000.0;
+    base.mul_f64(0.5 + 0.5 * unit)
+}
+
+fn record(ctx: &Ctx, endpoint: &Endpoint, outcome: &Outcome, latency: Duration) {
+    let gw = &ctx.gw;
+    gw.metrics
+        .attempts
+        .get_or_create(&AttemptLabels {
+            endpoint: endpoint.url.clone(),
+            outcome: outcome.label(),
+        })
+        .inc();
+    if let Some(block) = endpoint.record(
+        outcome,
+        latency,
+        &gw.config.blocking,
+        Instant::now(),
+        gw.clock.now(),
+    ) {
+        gw.metrics
+            .blocks
+            .get_or_create(&KindLabel {
+                kind: block.trigger,
+            })
+            .inc();
+        warn!(endpoint = %endpoint.url, model = %endpoint.model, ttl = ?block.ttl, strikes = block.strikes, trigger = block.trigger, "endpoint blocked");
+    }
+}
+
+async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Attempt {
+    let gw = &ctx.gw;
+    let mut body = ctx.body.clone();
+    body["model"] = Value::String(
+        endpoint
+            .upstream_model
+            .clone()
+            .unwrap_or_else(|| ctx.requested.clone()),
+    );
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("{}{}", endpoint.url, ctx.api.path()))
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(key) = &endpoint.api_key {
+        request = request.header(
+            header::AUTHORIZATION,
+            format!("Bearer {}", key.expose_secret()),
+        );
+    }
+    let request = match request.body(Full::new(Bytes::from(
+        serde_json::to_vec(&body).expect("JSON serializes"),
+    ))) {
+        Ok(r) => r,
+        Err(_) => return Attempt::Failed(Outcome::Connect),
+    };
+    let in_flight = endpoint.start();
+    let sent = Instant::now();
+    let first_byte = gw
+        .config
+        .timeouts
+        .first_byte
+        .0
+        .min(deadline.saturating_duration_since(sent));
+    let response = match tokio::time::timeout(first_byte, gw.client.request(request)).await {
+        Err(_) => {
+            record(ctx, endpoint, &Outcome::NoHeaders, sent.elapsed());
+            return Attempt::Failed(Outcome::NoHeaders);
+        }
+        Ok(Err(_)) => {
+            record(ctx, endpoint, &Outcome::Connect, sent.elapsed());
+            return Attempt::Failed(Outcome::Connect);
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    if !status.is_success() {
+        let wait = retry_after(
+            response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let bytes = read_limited(response.into_body(), Duration::from_secs(2))
+            .await
+            .unwrap_or_default();
+        let outcome = classify_status(status.as_u16(), wait, &bytes);
+        record(ctx, endpoint, &outcome, sent.elapsed());
+        if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
+            let mut r = Response::new(Body::from(bytes));
+            *r.status_mut() = status;
+            if let Some(ct) = content_type {
+                r.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            return Attempt::Caller(outcome, r);
+        }
+        return Attempt::Failed(outcome);
+    }
+    let is_stream = content_type
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !ctx.stream || !is_stream {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        return match tokio::time::timeout(remaining, response.into_body().collect()).await {
+            Ok(Ok(collected)) => {
+                record(ctx, endpoint, &Outcome::Success, sent.elapsed());
+                drop(in_flight);
+                let mut r = Response::new(Body::from(collected.to_bytes()));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    content_type.unwrap_or(HeaderValue::from_static("application/json")),
+                );
+                Attempt::Answer(r)
+            }
+            Ok(Err(_)) => {
+                record(ctx, endpoint, &Outcome::Truncated, sent.elapsed());
+                Attempt::Failed(Outcome::Truncated)
+            }
+            Err(_) => {
+                record(ctx, endpoint, &Outcome::Stalled, sent.elapsed());
+                Attempt::Failed(Outcome::Stalled)
+            }
+        };
+    }
+    stream(ctx, endpoint, response.into_body(), sent, in_flight).await
+}
+
+async fn read_limited(mut body: hyper::body::Incoming, within: Duration) -> Option<Bytes> {
+    let mut out = Vec::new();
+    let until = Instant::now() + within;
+    while out.len() < ERROR_BODY_LIMIT {
+        match tokio::time::timeout_at(until, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(&data);
+                }
+            }
+            Ok(Some(Err(_))) | Err(_) => break,
+            Ok(None) => break,
+        }
+    }
+    Some(Bytes::from(out))
+}
+
+fn error_event(outcome: &Outcome) -> Bytes {
+    let body = json!({"error": {"message": format!("the upstream stream was interrupted ({}); this answer is incomplete", outcome.label()),
+                                "type": "upstream_error", "code": "stream_interrupted"}});
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
+/// Waits for the first token, then commits the stream to the caller.
+async fn stream(
+    ctx: &Ctx,
+    endpoint: &Arc<Endpoint>,
+    mut body: hyper::body::Incoming,
+    sent: Instant,
+    in_flight: crate::endpoints::InFlight,
+) -> Attempt {
+    let gw = ctx.gw.clone();
+    let model_cfg = gw.config.models.get(&endpoint.model);
+    let first_token = model_cfg
+        .and_then(|m| m.first_token_timeout)
+        .map_or(gw.config.timeouts.first_token.0, |d| d.0);
+    let until = sent + first_token;
+    let mut parser = Parser::default();
+    let mut ready: Vec<Bytes> = Vec::new();
+    let mut last = false;
+    let mut done = false;
+    while ready.is_empty() && !done {
+        let frame = match tokio::time::timeout_at(until, body.frame()).await {
+            Err(_) => {
+                record(ctx, endpoint, &Outcome::FirstTokenTimeout, sent.elapsed());
+                return Attempt::Failed(Outcome::FirstTokenTimeout);
+            }
+            Ok(None) => {
+                record(ctx, endpoint, &Outcome::Truncated, sent.elapsed());
+                return Attempt::Failed(Outcome::Truncated);
+            }
+            Ok(Some(Err(_))) => {
+                record(ctx, endpoint, &Outcome::Connect, sent.elapsed());
+                return Attempt::Failed(Outcome::Connect);
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        for event in parser.push(&data) {
+            match event {
+                Event::Chunk { raw, last: l } => {
+                    ready.push(raw);
+                    last |= l;
+                }
+                Event::Done => done = true,
+                Event::Error(_) => {
+                    record(ctx, endpoint, &Outcome::ServerError(200), sent.elapsed());
+                    return Attempt::Failed(Outcome::ServerError(200));
+                }
+                Event::Malformed => {
+                    gw.metrics.malformed_chunks.inc();
+                }
+                Event::Other(raw) => ready.push(raw),
+            }
+        }
+    }
+    let ttft = sent.elapsed();
+    gw.metrics
+        .ttft
+        .get_or_create(&ModelLabel {
+            model: ctx.model.clone(),
+        })
+        .observe(ttft.as_secs_f64());
+    // Committed: from here on the caller has bytes, so failures end the stream explicitly.
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(32);
+    let endpoint = endpoint.clone();
+    let idle = gw.config.timeouts.stream_idle.0;
+    let (model, version, attempts, started) =
+        (ctx.model.clone(), ctx.version, ctx.attempts, ctx.started);
+    tokio::spawn(async move {
+        let _in_flight = in_flight;
+        let send = |bytes: Bytes| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(bytes)).await.is_ok() }
+        };
+        for b in ready {
+            if !send(b).await {
+                return;
+            }
+        }
+        let outcome = if done {
+            send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+            Outcome::Success
+        } else {
+            loop {
+                let wait = if last { DONE_GRACE } else { idle };
+                match tokio::time::timeout(wait, body.frame()).await {
+                    Err(_) if last => {
+                        // The final chunk came and [DONE] did not: the answer is complete.
+                        send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                        break Outcome::Success;
+                    }
+                    Err(_) => break Outcome::Stalled,
+                    Ok(None) | Ok(Some(Err(_))) if last => {
+                        send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                        break Outcome::Success;
+                    }
+                    Ok(None) => break Outcome::Truncated,
+                    Ok(Some(Err(_))) => break Outcome::Connect,
+                    Ok(Some(Ok(frame))) => {
+                        let Ok(data) = frame.into_data() else {
+                            continue;
+                        };
+                        let mut finished = None;
+                        for event in parser.push(&data) {
+                            match event {
+                                Event::Chunk { raw, last: l } => {
+                                    last |= l;
+                                    if !send(raw).await {
+                                        return;
+                                    }
+                                }
+                                Event::Other(raw) => {
+                                    if !send(raw).await {
+                                        return;
+                                    }
+                                }
+                                Event::Done => {
+                                    send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                                    finished = Some(Outcome::Success);
+                                }
+                                Event::Error(_) => finished = Some(Outcome::ServerError(200)),
+                                Event::Malformed => {
+                                    gw.metrics.malformed_chunks.inc();
+                                }
+                            }
+                        }
+                        if let Some(o) = finished {
+                            break o;
+                        }
+                    }
+                }
+            }
+        };
+        if outcome != Outcome::Success {
+            send(error_event(&outcome)).await;
+        }
+        gw.metrics
+            .attempts
+            .get_or_create(&AttemptLabels {
+                endpoint: endpoint.url.clone(),
+                outcome: outcome.label(),
+            })
+            .inc();
+        if let Some(block) = endpoint.record(
+            &outcome,
+            ttft,
+            &gw.config.blocking,
+            Instant::now(),
+            gw.clock.now(),
+        ) {
+            gw.metrics
+                .blocks
+                .get_or_create(&KindLabel {
+                    kind: block.trigger,
+                })
+                .inc();
+            warn!(endpoint = %endpoint.url, trigger = block.trigger, ttl = ?block.ttl, "endpoint blocked");
+        }
+        gw.metrics
+            .latency
+            .get_or_create(&ModelLabel {
+                model: model.clone(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        info!(target: "access", model = %model, endpoint = %endpoint.url, attempts, outcome = outcome.label(), version, stream = true, ms = started.elapsed().as_millis() as u64, "stream finished");
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Attempt::Answer(response)
+}
+
+/// Adds the gateway's headers, counts, and logs.
+fn finish(
+    ctx: &Ctx,
+    mut response: Response,
+    endpoint: Option<&Endpoint>,
+    outcome: &'static str,
+) -> Response {
+    let h = response.headers_mut();
+    h.insert(ROUTE_VERSION, HeaderValue::from(ctx.version));
+    h.insert("x-stanch-attempts", HeaderValue::from(ctx.attempts));
+    if ctx.degraded {
+        h.insert(DEGRADED, HeaderValue::from_static("true"));
+    }
+    let status = response.status();
+    let status_class = match status.as_u16() {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    let labels = RequestLabels {
+        model: ctx.model.clone(),
+        served_model: endpoint.map_or_else(|| "none".to_owned(), |e| e.model.clone()),
+        pool: endpoint.map_or_else(String::new, |e| e.pool.clone()),
+        endpoint: endpoint.map_or_else(String::new, |e| e.url.clone()),
+        status_class,
+        outcome,
+    };
+    ctx.gw.metrics.requests.get_or_create(&labels).inc();
+    if !ctx.stream {
+        ctx.gw
+            .metrics
+            .latency
+            .get_or_create(&ModelLabel {
+                model: ctx.model.clone(),
+            })
+            .observe(ctx.started.elapsed().as_secs_f64());
+    }
+    info!(
+        target: "access",
+        model = %ctx.requested,
+        tenant = %ctx.tenant,
+        served = %labels.served_model,
+        endpoint = %labels.endpoint,
+        attempts = ctx.attempts,
+        outcome,
+        status = status.as_u16(),
+        version = ctx.version,
+        degraded = ctx.degraded,
+        ms = ctx.started.elapsed().as_millis() as u64,
+        "request"
+    );
+    response
+}
+
+/// The caller's question: the last user message, or the prompt.
+fn question(body: &Value) -> String {
+    if let Some(messages) = body["messages"].as_array() {
+        let text = |c: &Value| match c {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+            _ => String::new(),
+        };
+        return messages
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .map(|m| text(&m["content"]))
+            .unwrap_or_default();
+    }
+    match &body["prompt"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+/// A static answer, OpenAI-shaped, always 200.
+fn faq_answer(ctx: &Ctx, set: Option<&str>, outcome: &'static str) -> Response {
+    let gw = &ctx.gw;
+    gw.metrics
+        .static_answers
+        .get_or_create(&ModelLabel {
+            model: ctx.model.clone(),
+        })
+        .inc();
+    let set = set
+        .filter(|s| gw.faqs.contains_key(*s))
+        .or_else(|| {
+            gw.config
+                .models
+                .get(&ctx.model)
+                .and_then(|m| m.faq.as_deref())
+        })
+        .or_else(|| gw.faqs.keys().next().map(String::as_str));
+    let q = question(&ctx.body);
+    let answer = set.and_then(|s| gw.faqs.get(s)).map_or(
+        "The service is busy right now. Please try again in a few minutes.".to_owned(),
+        |f| f.answer(&q).answer.to_owned(),
+    );
+    let model = format!("stanch-faq/{}", set.unwrap_or("none"));
+    let mut response = if ctx.stream {
+        let chunk = |delta: Value, finish: Value| match ctx.api {
+            Api::Chat => {
+                json!({"id": "stanch-faq", "object": "chat.completion.chunk", "created": 0, "model": model,
+                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            }
+            _ => {
+                json!({"id": "stanch-faq", "object": "text_completion", "created": 0, "model": model,
+                        "choices": [{"index": 0, "text": delta["content"].as_str().unwrap_or(""), "finish_reason": finish}]})
+            }
+        };
+        let text = format!(
+            "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+            chunk(json!({"role": "assistant", "content": answer}), Value::Null),
+            chunk(json!({}), json!("stop"))
+        );
+        let mut r = Response::new(Body::from(text));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        r
+    } else {
+        let usage = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0});
+        let body = match ctx.api {
+            Api::Chat => {
+                json!({"id": "stanch-faq", "object": "chat.completion", "created": 0, "model": model,
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+                                "usage": usage})
+            }
+            _ => {
+                json!({"id": "stanch-faq", "object": "text_completion", "created": 0, "model": model,
+                        "choices": [{"index": 0, "text": answer, "finish_reason": "stop"}], "usage": usage})
+            }
+        };
+        axum::Json(body).into_response()
+    };
+    response
+        .headers_mut()
+        .insert(DEGRADED, HeaderValue::from_static("static"));
+    finish(ctx, response, None, outcome)
+}

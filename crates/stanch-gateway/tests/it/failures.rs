@@ -1,0 +1,348 @@
+//! Every upstream failure class, non-streaming and streaming.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stanch_mock::MockConfig;
+use tokio::time::Instant;
+
+use crate::support::*;
+
+/// Three endpoints of qwen-72b in one pool.
+async fn three() -> (Setup, Vec<Upstream>) {
+    let ups = vec![
+        Upstream::start("qwen-72b", "a").await,
+        Upstream::start("qwen-72b", "b").await,
+        Upstream::start("qwen-72b", "c").await,
+    ];
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    faq: default\n    pools:\n      - name: dc-a\n        endpoints: [{{url: '{{a}}'}}, {{url: '{{b}}'}}, {{url: '{{c}}'}}]\n{POLICY}"
+    );
+    let gw = gateway(&yaml, &[("a", &ups[0]), ("b", &ups[1]), ("c", &ups[2])]).await;
+    (gw, ups)
+}
+
+fn total(ups: &[Upstream]) -> u64 {
+    ups.iter().map(Upstream::requests).sum()
+}
+
+#[tokio::test]
+async fn serves_spreads_load_and_labels_responses() {
+    let (gw, ups) = three().await;
+    for _ in 0..30 {
+        let r = gw.chat("qwen-72b", false).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-stanch-route-version"], "0");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["model"], "qwen-72b", "the model that answered");
+    }
+    for u in &ups {
+        assert!(u.requests() > 0, "every endpoint gets a share");
+    }
+    let models: Value = gw
+        .http
+        .get(format!("{}/v1/models", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "qwen-72b");
+    let e = gw
+        .http
+        .post(format!("{}/v1/embeddings", gw.base))
+        .json(&json!({"model": "qwen-72b", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(e.status(), 200);
+}
+
+async fn retried_elsewhere(fault: Value, stream: bool) {
+    let (gw, ups) = three().await;
+    ups[0].fault(fault.clone());
+    for _ in 0..12 {
+        let r = gw.chat("qwen-72b", stream).await;
+        assert_eq!(r.status(), 200, "{fault}");
+        let text = r.text().await.unwrap();
+        if stream {
+            let ev = events(&text);
+            assert_eq!(
+                ev.last().map(String::as_str),
+                Some("[DONE]"),
+                "{fault}: {text}"
+            );
+            assert_eq!(content(&ev).split(' ').count(), 4, "a whole answer: {text}");
+        }
+    }
+    assert!(
+        ups[0].requests() <= 3,
+        "{fault}: the failing endpoint saw {} attempts, at most the threshold",
+        ups[0].requests()
+    );
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_elsewhere_and_block() {
+    retried_elsewhere(json!({"kind": "status", "status": 503}), false).await;
+    retried_elsewhere(json!({"kind": "status", "status": 500}), true).await;
+}
+
+#[tokio::test]
+async fn quota_and_rate_limits_move_elsewhere() {
+    retried_elsewhere(
+        json!({"kind": "status", "status": 402, "code": "insufficient_quota"}),
+        false,
+    )
+    .await;
+    retried_elsewhere(json!({"kind": "status", "status": 429}), true).await;
+}
+
+#[tokio::test]
+async fn retry_after_keeps_the_endpoint_away_at_once() {
+    let (gw, ups) = three().await;
+    ups[0].fault(json!({"kind": "status", "status": 429, "retry_after": 30}));
+    for _ in 0..20 {
+        assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    }
+    assert_eq!(
+        ups[0].requests(),
+        1,
+        "after its Retry-After it gets nothing"
+    );
+}
+
+#[tokio::test]
+async fn resets_and_refused_connections_are_retried() {
+    retried_elsewhere(json!({"kind": "reset"}), false).await;
+    retried_elsewhere(json!({"kind": "reset"}), true).await;
+    let up = Upstream::start("qwen-72b", "ok").await;
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    pools:\n      - name: p\n        endpoints: [{{url: 'http://127.0.0.1:9'}}, {{url: '{{ok}}'}}]\n{POLICY}"
+    );
+    let gw = gateway(&yaml, &[("ok", &up)]).await;
+    for _ in 0..5 {
+        assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    }
+}
+
+#[tokio::test]
+async fn no_headers_in_time_is_retried_once_elsewhere() {
+    for fault in [
+        json!({"kind": "latency", "ms": 3000}),
+        json!({"kind": "no_response"}),
+    ] {
+        let (gw, ups) = three().await;
+        ups[0].fault(fault.clone());
+        let started = Instant::now();
+        for _ in 0..6 {
+            let r = gw.chat("qwen-72b", false).await;
+            assert_eq!(r.status(), 200);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{fault}: never waited out the slow endpoint"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_slow_first_token_is_retried_before_anything_reaches_the_caller() {
+    let (gw, ups) = three().await;
+    ups[0].fault(json!({"kind": "slow_first_token", "ms": 3000}));
+    for _ in 0..6 {
+        let r = gw.chat("qwen-72b", true).await;
+        assert_eq!(r.status(), 200);
+        let ev = events(&r.text().await.unwrap());
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+        assert_eq!(content(&ev).split(' ').count(), 4);
+    }
+}
+
+async fn only(fault: Value) -> (Setup, Upstream) {
+    let up = Upstream::start("qwen-72b", "only").await;
+    up.fault(fault);
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    pools:\n      - name: p\n        endpoints: [{{url: '{{u}}'}}]\n{POLICY}"
+    );
+    let gw = gateway(&yaml, &[("u", &up)]).await;
+    (gw, up)
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_commit_ends_with_an_explicit_error() {
+    let (gw, _up) = only(json!({"kind": "cut", "after_tokens": 2})).await;
+    let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
+    assert_eq!(content(&ev).split(' ').filter(|w| !w.is_empty()).count(), 2);
+    let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
+    assert_eq!(
+        last["error"]["code"], "stream_interrupted",
+        "never presented as complete"
+    );
+    assert!(!ev.iter().any(|e| e == "[DONE]"));
+}
+
+#[tokio::test]
+async fn a_stalled_stream_ends_with_an_explicit_error() {
+    let (gw, _up) = only(json!({"kind": "stall", "after_tokens": 1})).await;
+    let started = Instant::now();
+    let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the idle timeout ends it"
+    );
+    let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "stream_interrupted");
+}
+
+#[tokio::test]
+async fn a_malformed_chunk_is_dropped_and_the_stream_continues() {
+    let (gw, _up) = only(json!({"kind": "malformed_chunk", "at_token": 1})).await;
+    let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
+    assert!(
+        ev.iter()
+            .all(|e| e == "[DONE]" || serde_json::from_str::<Value>(e).is_ok()),
+        "{ev:?}"
+    );
+    assert_eq!(content(&ev).split(' ').count(), 4);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let metrics = gw
+        .http
+        .get(format!("{}/metrics", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("stanch_gateway_malformed_chunks_total 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_final_chunk_without_done_is_completed_promptly() {
+    let (gw, _up) = only(json!({"kind": "missing_done"})).await;
+    let started = Instant::now();
+    let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(content(&ev).split(' ').count(), 4);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn caller_faults_are_not_retried_and_pass_through() {
+    let ups = [
+        Upstream::with({
+            let mut c = MockConfig::new("qwen-72b", "small");
+            c.max_context_words = 2;
+            c
+        })
+        .await,
+        Upstream::start("qwen-72b", "other").await,
+    ];
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    pools:\n      - name: p\n        endpoints: [{{url: '{{a}}'}}]\n      - name: q\n        endpoints: [{{url: '{{b}}'}}]\n{POLICY}"
+    );
+    let gw = gateway(&yaml, &[("a", &ups[0]), ("b", &ups[1])]).await;
+    let r = gw
+        .chat_as("qwen-72b", false, "acme-key", "a prompt that is too long")
+        .await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["code"], "context_length_exceeded",
+        "the upstream's error, unchanged"
+    );
+    assert_eq!(ups[1].requests(), 0, "not retried");
+}
+
+#[tokio::test]
+async fn too_long_prompts_go_to_the_larger_context_model() {
+    let small = Upstream::with({
+        let mut c = MockConfig::new("qwen-72b", "small");
+        c.max_context_words = 2;
+        c
+    })
+    .await;
+    let large = Upstream::start("qwen-72b-128k", "large").await;
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    larger_context: qwen-72b-128k\n    pools:\n      - name: p\n        endpoints: [{{url: '{{s}}'}}]\n  qwen-72b-128k:\n    pools:\n      - name: p\n        endpoints: [{{url: '{{l}}'}}]\n{POLICY}"
+    );
+    let gw = gateway(&yaml, &[("s", &small), ("l", &large)]).await;
+    let r = gw
+        .chat_as("qwen-72b", false, "acme-key", "a prompt that is too long")
+        .await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["model"], "qwen-72b-128k");
+}
+
+#[tokio::test]
+async fn when_everything_fails_the_caller_gets_the_faq_not_a_5xx() {
+    let (gw, ups) = three().await;
+    for u in &ups {
+        u.fault(json!({"kind": "status", "status": 503}));
+    }
+    for stream in [false, true] {
+        let r = gw
+            .chat_as(
+                "qwen-72b",
+                stream,
+                "acme-key",
+                "how do I reset my password?",
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-llm-degraded"], "static");
+        let text = r.text().await.unwrap();
+        assert!(text.contains("reset link"), "{text}");
+    }
+    let e = gw
+        .http
+        .post(format!("{}/v1/embeddings", gw.base))
+        .json(&json!({"model": "qwen-72b", "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(e.status(), 503, "embeddings have no FAQ to fall back to");
+}
+
+#[tokio::test]
+async fn a_failing_endpoint_gets_no_traffic_after_the_threshold() {
+    let (gw, ups) = three().await;
+    ups[1].fault(json!({"kind": "status", "status": 503}));
+    for _ in 0..60 {
+        assert_eq!(
+            gw.chat("qwen-72b", false).await.status(),
+            200,
+            "no client-visible error"
+        );
+    }
+    assert!(
+        ups[1].requests() <= 3,
+        "at most the threshold: it saw {}",
+        ups[1].requests()
+    );
+    assert!(ups[1].requests() >= 1, "it was tried");
+    let status: Value = gw
+        .http
+        .get(format!("{}/v1/status", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let failing = status["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["url"] == ups[1].base.as_str())
+        .unwrap();
+    assert_eq!(failing["successes"], 0);
+    assert!(failing["failures"].as_u64().unwrap() >= 1);
+    assert!(total(&ups) >= 60);
+}

@@ -1,0 +1,6 @@
+//! The gateway over real HTTP, in front of real mock upstreams: every failure class,
+//! streaming and not, asserting what the caller got and what each upstream saw.
+
+mod failures;
+mod routing;
+mod support;

@@ -1,0 +1,177 @@
+//! Applying the route table: pools, degradation with VIP exemption, static, blocks,
+//! leases, fallback models, globs and tenants.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use stanch_api::{BlockedEndpoint, Rung};
+
+use crate::support::*;
+
+struct Fleet {
+    gw: Setup,
+    a: Upstream,
+    b: Upstream,
+    small: Upstream,
+}
+
+async fn fleet() -> Fleet {
+    let a = Upstream::start("qwen-72b", "dc-a").await;
+    let b = Upstream::start("qwen-72b", "dc-b").await;
+    let small = Upstream::start("qwen-14b", "small").await;
+    let yaml = format!(
+        "models:
+  qwen-72b:
+    faq: default
+    fallbacks: [qwen-14b]
+    pools:
+      - {{name: dc-a, endpoints: [{{url: '{{a}}'}}]}}
+      - {{name: dc-b, endpoints: [{{url: '{{b}}'}}]}}
+  qwen-14b:
+    pools:
+      - {{name: dc-a, endpoints: [{{url: '{{s}}'}}]}}
+  'fb-*':
+    pools:
+      - {{name: p, endpoints: [{{url: '{{s}}', upstream_model: 'qwen-14b'}}]}}
+{POLICY}"
+    );
+    let gw = gateway(&yaml, &[("a", &a), ("b", &b), ("s", &small)]).await;
+    Fleet { gw, a, b, small }
+}
+
+async fn served_by(gw: &Setup, key: &str) -> (Value, reqwest::header::HeaderMap) {
+    let r = gw.chat_as("qwen-72b", false, key, "hi").await;
+    assert_eq!(r.status(), 200);
+    let headers = r.headers().clone();
+    (r.json().await.unwrap(), headers)
+}
+
+#[tokio::test]
+async fn failover_routes_to_the_active_pool() {
+    let mut f = fleet().await;
+    f.gw.table(&[("qwen-72b", Rung::Failover, "dc-b", None)], vec![]);
+    for _ in 0..5 {
+        let (_, h) = served_by(&f.gw, "acme-key").await;
+        assert_eq!(h["x-stanch-route-version"], "1");
+    }
+    assert_eq!((f.a.requests(), f.b.requests()), (0, 5));
+}
+
+#[tokio::test]
+async fn degraded_serves_non_vip_from_the_alias_and_vip_keeps_the_model() {
+    let mut f = fleet().await;
+    f.gw.table(
+        &[("qwen-72b", Rung::Degraded, "dc-a", Some("qwen-14b"))],
+        vec![],
+    );
+    let (body, h) = served_by(&f.gw, "acme-key").await;
+    assert_eq!(body["model"], "qwen-14b");
+    assert_eq!(h["x-llm-degraded"], "true");
+    let (body, h) = served_by(&f.gw, "vip-key").await;
+    assert_eq!(body["model"], "qwen-72b");
+    assert!(h.get("x-llm-degraded").is_none());
+    assert_eq!(f.small.requests(), 1);
+}
+
+#[tokio::test]
+async fn static_answers_from_the_faq_in_chinese_and_english() {
+    let mut f = fleet().await;
+    f.gw.table(&[("qwen-72b", Rung::Static, "dc-a", None)], vec![]);
+    for (q, expect) in [
+        ("如何重置密码？", "reset link"),
+        ("how do I reset my password", "reset link"),
+        ("sing a song", "busy"),
+    ] {
+        let r = f.gw.chat_as("qwen-72b", false, "vip-key", q).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-llm-degraded"], "static");
+        let body: Value = r.json().await.unwrap();
+        assert!(
+            body["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .contains(expect),
+            "{q}: {body}"
+        );
+        assert_eq!(body["usage"]["total_tokens"], 0);
+    }
+    let r = f.gw.chat("qwen-72b", true).await;
+    let ev = events(&r.text().await.unwrap());
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(f.a.requests() + f.b.requests(), 0, "no upstream touched");
+}
+
+#[tokio::test]
+async fn an_expired_lease_reverts_to_normal_routing() {
+    let mut f = fleet().await;
+    f.gw.table_with_lease(
+        &[("qwen-72b", Rung::Static, "dc-b", None)],
+        vec![],
+        Duration::from_millis(200),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (body, h) = served_by(&f.gw, "acme-key").await;
+    assert_eq!(body["model"], "qwen-72b");
+    assert!(h.get("x-llm-degraded").is_none());
+    assert_eq!(f.a.requests(), 1, "back on the primary");
+}
+
+#[tokio::test]
+async fn blocks_from_the_table_are_honoured() {
+    let mut f = fleet().await;
+    let until =
+        stanch_api::clock::Clock::now(&stanch_api::clock::SystemClock) + Duration::from_secs(60);
+    let block = BlockedEndpoint {
+        endpoint: f.a.base.clone(),
+        model: Some("qwen-72b".into()),
+        until,
+        reason: "fleet".into(),
+    };
+    f.gw.table(&[("qwen-72b", Rung::Normal, "dc-a", None)], vec![block]);
+    for _ in 0..5 {
+        served_by(&f.gw, "acme-key").await;
+    }
+    assert_eq!(
+        f.a.requests(),
+        5,
+        "its pool's only endpoint: blocked is lowest priority, not gone"
+    );
+    let status: Value =
+        f.gw.http
+            .get(format!("{}/v1/status", f.gw.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    assert!(
+        status["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| !e["table_blocked_until"].is_null())
+    );
+}
+
+#[tokio::test]
+async fn pools_then_the_fallback_model() {
+    let f = fleet().await;
+    f.a.fault(serde_json::json!({"kind": "status", "status": 503}));
+    let (body, _) = served_by(&f.gw, "acme-key").await;
+    assert_eq!(body["model"], "qwen-72b", "the next pool");
+    f.b.fault(serde_json::json!({"kind": "status", "status": 503}));
+    let (body, _) = served_by(&f.gw, "acme-key").await;
+    assert_eq!(body["model"], "qwen-14b", "then the fallback model");
+}
+
+#[tokio::test]
+async fn globs_forward_the_requested_name_and_unknown_models_are_404() {
+    let f = fleet().await;
+    let r = f.gw.chat("fb-anything", false).await;
+    assert_eq!(r.status(), 200);
+    let r = f.gw.chat("gpt-9", false).await;
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_found");
+}

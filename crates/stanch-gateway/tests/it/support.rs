@@ -1,0 +1,175 @@
+//! Mocks, a gateway in front of them, and a hand-set route table.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stanch_api::clock::{Clock, SystemClock};
+use stanch_api::{ModelRoute, RouteTable, Rung};
+use stanch_gateway::Gateway;
+use stanch_gateway::config::GatewayConfig;
+use stanch_mock::{Mock, MockConfig};
+
+pub struct Upstream {
+    pub base: String,
+    pub mock: Mock,
+}
+
+impl Upstream {
+    pub async fn start(model: &str, name: &str) -> Upstream {
+        Upstream::with(MockConfig::new(model, name)).await
+    }
+
+    pub async fn with(config: MockConfig) -> Upstream {
+        let mock = Mock::new(config);
+        let base = stanch_mock::spawn(mock.clone()).await;
+        Upstream { base, mock }
+    }
+
+    pub fn fault(&self, spec: Value) {
+        self.mock.set_fault(serde_json::from_value(spec).unwrap());
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.mock.stats().requests
+    }
+}
+
+pub struct Setup {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub routes: stanch_client::ManualRoutes,
+    pub version: u64,
+}
+
+/// A gateway for `yaml` (endpoints named `{name}` are replaced by mock URLs).
+pub async fn gateway(yaml: &str, upstreams: &[(&str, &Upstream)]) -> Setup {
+    let mut text = yaml.to_owned();
+    for (name, u) in upstreams {
+        text = text.replace(&format!("{{{name}}}"), &u.base);
+    }
+    let config = GatewayConfig::from_yaml(&text).unwrap_or_else(|e| panic!("{e}"));
+    let (routes, manual) = stanch_client::Routes::manual();
+    let gw = Arc::new(Gateway::new(config, Some(routes), Arc::new(SystemClock)).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(stanch_gateway::serve(listener, gw, std::future::pending()));
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    Setup {
+        base,
+        http,
+        routes: manual,
+        version: 0,
+    }
+}
+
+/// Quick timeouts and retries, blocking after 3 failures in a row.
+pub const POLICY: &str = r#"
+timeouts: {connect: 500ms, first_byte: 400ms, first_token: 400ms, stream_idle: 400ms, total: 10s}
+retry: {max_attempts: 4, attempts_per_pool: 3, backoff_base: 1ms, backoff_max: 5ms, budget_min_retries: 1000}
+blocking: {consecutive_failures: 3, jitter: 0, ttl: 60s, slow_start: 0s}
+faq_sets:
+  default:
+    default_answer: "We are busy; please try again shortly."
+    entries:
+      - questions: ["how do I reset my password", "如何重置密码"]
+        answer: "Use the reset link on the sign-in page."
+tenants:
+  - {name: acme, key: acme-key}
+  - {name: bigco, key: vip-key, vip: true}
+"#;
+
+impl Setup {
+    pub async fn chat(&self, model: &str, stream: bool) -> reqwest::Response {
+        self.chat_as(model, stream, "acme-key", "hello").await
+    }
+
+    pub async fn chat_as(
+        &self,
+        model: &str,
+        stream: bool,
+        key: &str,
+        text: &str,
+    ) -> reqwest::Response {
+        let body = json!({"model": model, "stream": stream, "max_tokens": 4, "messages": [{"role": "user", "content": text}]});
+        self.http
+            .post(format!("{}/v1/chat/completions", self.base))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Publishes a table where each (model, rung, pool, alias) is as given.
+    pub fn table(
+        &mut self,
+        entries: &[(&str, Rung, &str, Option<&str>)],
+        blocked: Vec<stanch_api::BlockedEndpoint>,
+    ) {
+        self.table_with_lease(entries, blocked, Duration::from_secs(120));
+    }
+
+    pub fn table_with_lease(
+        &mut self,
+        entries: &[(&str, Rung, &str, Option<&str>)],
+        blocked: Vec<stanch_api::BlockedEndpoint>,
+        lease: Duration,
+    ) {
+        self.version += 1;
+        let now = SystemClock.now();
+        let models: BTreeMap<String, ModelRoute> = entries
+            .iter()
+            .map(|(m, rung, pool, alias)| {
+                let route = ModelRoute {
+                    rung: *rung,
+                    pool: pool.to_string(),
+                    alias: alias.map(str::to_owned),
+                    alias_exempt: vec!["vip".into()],
+                    faq: (*rung == Rung::Static).then(|| "default".to_owned()),
+                    since: now,
+                    lease_until: now + lease,
+                    reason: "test".into(),
+                    alerts: vec![],
+                    overridden: false,
+                };
+                (m.to_string(), route)
+            })
+            .collect();
+        let hash = RouteTable::content_hash(&models, &blocked);
+        self.routes.set(RouteTable {
+            version: self.version,
+            epoch: "e".into(),
+            hash,
+            generated_at: now,
+            models,
+            blocked,
+        });
+    }
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn events(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The concatenated content of a chat stream.
+pub fn content(events: &[String]) -> String {
+    events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}

@@ -13,6 +13,7 @@ pub mod duration;
 pub mod hash;
 pub mod headers;
 pub mod labels;
+pub mod reports;
 pub mod routes;
 pub mod status;
 pub mod time;

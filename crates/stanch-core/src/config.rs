@@ -208,6 +208,36 @@ pub struct BlockPolicy {
     pub never_block: Vec<String>,
     /// Seed of the deterministic jitter.
     pub seed: u64,
+    /// Blocking from gateways' merged outcome reports.
+    pub fleet: FleetPolicy,
+}
+
+/// Triggers applied to the outcome reports of every gateway replica, merged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetPolicy {
+    /// Block when one replica reports this many failures in a row (0: off).
+    pub consecutive_failures: u32,
+    /// Block after this many failures across replicas within `window` (0: off).
+    pub window_failures: u64,
+    /// Block when the failure rate across replicas within `window` reaches this (0: off)...
+    pub failure_rate: f64,
+    /// ...with at least this many requests.
+    pub min_requests: u64,
+    /// The counting window.
+    pub window: HumanDuration,
+}
+
+impl Default for FleetPolicy {
+    fn default() -> Self {
+        FleetPolicy {
+            consecutive_failures: 5,
+            window_failures: 0,
+            failure_rate: 0.5,
+            min_requests: 20,
+            window: HumanDuration::secs(60),
+        }
+    }
 }
 
 impl Default for BlockPolicy {
@@ -222,6 +252,7 @@ impl Default for BlockPolicy {
             },
             never_block: Vec::new(),
             seed: 0,
+            fleet: FleetPolicy::default(),
         }
     }
 }
@@ -504,6 +535,18 @@ impl Config {
             if b.factor == 0 {
                 problem(format!("{path}.factor"), "must be at least 1".into());
             }
+        }
+        if !(0.0..=1.0).contains(&self.blocking.fleet.failure_rate) {
+            problem(
+                "blocking.fleet.failure_rate".into(),
+                "must be between 0 and 1".into(),
+            );
+        }
+        if self.blocking.fleet.window.0.is_zero() {
+            problem(
+                "blocking.fleet.window".into(),
+                "must be longer than 0s".into(),
+            );
         }
         if !(0.0..=0.5).contains(&self.blocking.jitter) {
             problem(

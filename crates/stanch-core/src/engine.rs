@@ -41,6 +41,13 @@ pub enum Input {
         /// When the list was asked for: alerts received after it are not resolved by it.
         as_of: Timestamp,
     },
+    /// A gateway's outcome counts since its previous report.
+    Reports {
+        /// The gateway.
+        gateway: String,
+        /// Per (endpoint, model).
+        endpoints: Vec<stanch_api::reports::EndpointReport>,
+    },
     /// An operator's override.
     Command {
         /// The override.
@@ -151,6 +158,7 @@ impl Engine {
             models: Default::default(),
             blocks: Default::default(),
             strikes: Default::default(),
+            fleet: Default::default(),
             global_freeze: None,
             dry_run: None,
             published: Published::default(),
@@ -223,6 +231,9 @@ impl Engine {
                 }
             }
             Input::Reconcile { alerts, as_of } => self.reconcile(alerts, as_of, now, &mut out),
+            Input::Reports { gateway, endpoints } => {
+                self.reports(gateway, endpoints, now, &mut out)
+            }
             Input::Command { command } => self.command(command, now, &mut out),
             Input::Tick => {}
         }
@@ -651,6 +662,113 @@ impl Engine {
         }
     }
 
+    /// Merges one gateway's report and blocks what the fleet triggers say is failing.
+    fn reports(
+        &mut self,
+        gateway: String,
+        reports: Vec<stanch_api::reports::EndpointReport>,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+    ) {
+        let policy = self.config.blocking.fleet.clone();
+        let mut touched = Vec::new();
+        for r in reports {
+            if !self.config.models.contains_key(&r.model) {
+                continue; // A model this controller does not manage.
+            }
+            let key = BlockKey {
+                endpoint: r.endpoint,
+                model: Some(r.model),
+            };
+            let stats = self.state.fleet.entry(key.clone()).or_default();
+            stats.samples.push_back((now, r.successes, r.failures));
+            while stats
+                .samples
+                .front()
+                .is_some_and(|(t, _, _)| now.since(*t) > policy.window.0)
+            {
+                stats.samples.pop_front();
+            }
+            stats
+                .streaks
+                .insert(gateway.clone(), r.consecutive_failures);
+            touched.push(key);
+        }
+        for key in touched {
+            if self.state.blocks.contains_key(&key)
+                || self.state.blocks.contains_key(&BlockKey {
+                    endpoint: key.endpoint.clone(),
+                    model: None,
+                })
+            {
+                continue;
+            }
+            let Some(stats) = self.state.fleet.get(&key) else {
+                continue;
+            };
+            let (ok, failed) = stats
+                .samples
+                .iter()
+                .fold((0u64, 0u64), |(s, f), (_, a, b)| (s + a, f + b));
+            let streak = stats.streaks.values().copied().max().unwrap_or(0);
+            let trigger =
+                if policy.consecutive_failures > 0 && streak >= policy.consecutive_failures {
+                    format!("a gateway saw {streak} failures in a row")
+                } else if policy.window_failures > 0 && failed >= policy.window_failures {
+                    format!("{failed} failures across gateways within {}", policy.window)
+                } else if policy.failure_rate > 0.0
+                    && ok + failed >= policy.min_requests
+                    && failed as f64 / (ok + failed) as f64 >= policy.failure_rate
+                {
+                    format!(
+                        "failure rate {:.0} % across gateways ({failed} of {})",
+                        100.0 * failed as f64 / (ok + failed) as f64,
+                        ok + failed
+                    )
+                } else {
+                    continue;
+                };
+            // Counted once: the next block needs fresh evidence.
+            self.state.fleet.remove(&key);
+            let refusal = if let Some(p) = self
+                .config
+                .blocking
+                .never_block
+                .iter()
+                .find(|p| blocks::glob_match(p, &key.endpoint))
+            {
+                Some(format!("matches never-block pattern {p:?}"))
+            } else if self.frozen(key.model.as_deref()).is_some() {
+                Some("frozen".to_owned())
+            } else if blocks::only_endpoint(&self.config, &key)
+                && self.state.strikes.get(&key).is_some_and(|s| {
+                    now.since(s.last) <= self.config.blocking.backoff.reset_after.0
+                })
+            {
+                Some("it is the only endpoint of its pool; not extending the block".to_owned())
+            } else {
+                None
+            };
+            match refusal {
+                Some(why) => out.push(Decision::BlockSkipped {
+                    endpoint: key.endpoint,
+                    model: key.model,
+                    why,
+                }),
+                None => {
+                    let reason = format!("fleet reports: {trigger}");
+                    let new = NewBlock {
+                        key,
+                        reason,
+                        source: BlockSource::Fleet,
+                        fixed: None,
+                    };
+                    blocks::block(&mut self.state, &self.config.blocking, new, now, out);
+                }
+            }
+        }
+    }
+
     fn evaluate_models(&mut self, now: Timestamp, out: &mut Vec<Decision>) {
         let health = Health::from_alerts(&self.state.alerts);
         for (name, model) in &self.config.models {
@@ -756,6 +874,13 @@ impl Engine {
                 self.state.tombstones.remove(&fp);
             }
         }
+        let window = self.config.blocking.fleet.window.0;
+        self.state.fleet.retain(|_, stats| {
+            stats
+                .samples
+                .back()
+                .is_some_and(|(t, _, _)| now.since(*t) <= window)
+        });
         let reset = self.config.blocking.backoff.reset_after.0;
         let blocks = &self.state.blocks;
         self.state

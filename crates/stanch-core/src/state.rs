@@ -34,6 +34,9 @@ pub struct EngineState {
     /// Recent block counts per key, for backoff of repeat offenders.
     #[serde(with = "pairs")]
     pub strikes: BTreeMap<BlockKey, Strikes>,
+    /// Gateways' outcome reports per (endpoint, model), within the fleet window.
+    #[serde(with = "pairs", default)]
+    pub fleet: BTreeMap<BlockKey, FleetStats>,
     /// Set while automation moves nothing at all.
     pub global_freeze: Option<OverrideInfo>,
     /// Set while decisions are reported but not published.
@@ -164,6 +167,15 @@ impl std::fmt::Display for BlockKey {
     }
 }
 
+/// What the gateways reported of one (endpoint, model).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetStats {
+    /// (when, successes, failures) per report, within the window.
+    pub samples: VecDeque<(Timestamp, u64, u64)>,
+    /// Each gateway's latest run of failures.
+    pub streaks: BTreeMap<String, u32>,
+}
+
 /// Who asked for a block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -172,6 +184,8 @@ pub enum BlockSource {
     Alert(Fingerprint),
     /// An operator through the admin API.
     Operator,
+    /// The gateways' merged outcome reports.
+    Fleet,
 }
 
 /// An active block.

@@ -281,6 +281,19 @@ pub struct ControllerConfig {
     /// Where the last-known-good table is kept.
     #[serde(default)]
     pub state_file: Option<String>,
+    /// How often to report endpoint outcomes (`POST /v1/reports`); `0s` turns it off.
+    #[serde(default = "default_report_interval")]
+    pub report_interval: HumanDuration,
+    /// Environment variable holding the ingest token for reports.
+    #[serde(default)]
+    pub ingest_token_env: Option<String>,
+    /// File holding the ingest token for reports.
+    #[serde(default)]
+    pub ingest_token_file: Option<String>,
+}
+
+fn default_report_interval() -> HumanDuration {
+    HumanDuration::secs(5)
 }
 
 /// One problem, with its path.

@@ -150,6 +150,12 @@ impl Endpoint {
         InFlight(self.clone())
     }
 
+    /// Totals so far and the current run of failures: (successes, failures, consecutive).
+    pub fn counts(&self) -> (u64, u64, u32) {
+        let h = self.health.lock().expect("endpoint lock");
+        (h.successes, h.failures, h.consecutive)
+    }
+
     /// Whether a local block holds at `now`.
     pub fn blocked(&self, now: Instant) -> Option<Instant> {
         let h = self.health.lock().expect("endpoint lock");

@@ -342,6 +342,83 @@ pub async fn serve(
         .await
 }
 
+/// Reports per-endpoint outcome counts to the controller every `interval`, so that the
+/// controller can block what this replica discovers for the whole fleet.
+pub async fn report_loop(
+    gateway: Arc<Gateway>,
+    url: String,
+    token: Option<SecretString>,
+    gateway_id: String,
+    interval: Duration,
+) {
+    use secrecy::ExposeSecret;
+    use stanch_api::reports::{EndpointReport, ReportBatch};
+    let http = controller_client();
+    let endpoints: Vec<Arc<Endpoint>> = gateway
+        .models
+        .values()
+        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter().cloned()))
+        .collect();
+    let mut last: Vec<(u64, u64)> = endpoints
+        .iter()
+        .map(|e| (e.counts().0, e.counts().1))
+        .collect();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let mut reports = Vec::new();
+        for (i, e) in endpoints.iter().enumerate() {
+            let (ok, failed, streak) = e.counts();
+            let (ok0, failed0) = last[i];
+            last[i] = (ok, failed);
+            if ok > ok0 || failed > failed0 || streak > 0 {
+                reports.push(EndpointReport {
+                    endpoint: e.url.clone(),
+                    model: e.model.clone(),
+                    successes: ok - ok0,
+                    failures: failed - failed0,
+                    consecutive_failures: streak,
+                });
+            }
+        }
+        if reports.is_empty() {
+            continue;
+        }
+        let batch = ReportBatch {
+            gateway: gateway_id.clone(),
+            endpoints: reports,
+        };
+        let body = serde_json::to_vec(&batch).expect("reports serialize");
+        let mut request = hyper::Request::post(format!("{}/v1/reports", url.trim_end_matches('/')))
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(t) = &token {
+            request = request.header(
+                header::AUTHORIZATION,
+                format!("Bearer {}", t.expose_secret()),
+            );
+        }
+        let Ok(request) = request.body(Full::new(Bytes::from(body))) else {
+            continue;
+        };
+        match tokio::time::timeout(Duration::from_secs(5), http.request(request)).await {
+            Ok(Ok(r)) if r.status().is_success() => {}
+            Ok(Ok(r)) => {
+                tracing::warn!(status = %r.status(), "the controller refused an outcome report")
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot send an outcome report"),
+            Err(_) => tracing::warn!("outcome report timed out"),
+        }
+    }
+}
+
+/// An HTTP client for the controller, apart from the upstreams' pool.
+fn controller_client() -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(3)));
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
 /// A gateway-made error in OpenAI's shape.
 pub(crate) fn openai_error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response {
     let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}});

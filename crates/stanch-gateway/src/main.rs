@@ -83,7 +83,34 @@ async fn run(config: GatewayConfig, listen: SocketAddr) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let reporting = config
+        .controller
+        .as_ref()
+        .filter(|c| !c.report_interval.0.is_zero())
+        .map(|c| {
+            let id = c
+                .gateway_id
+                .clone()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .unwrap_or_else(|| listen.to_string());
+            let token = secret(
+                c.ingest_token_env.as_ref(),
+                c.ingest_token_file.as_ref(),
+                None,
+            );
+            (c.url.clone(), token, id, c.report_interval.0)
+        });
     let gateway = Arc::new(Gateway::new(config, routes, Arc::new(SystemClock))?);
+    if let Some((url, token, id, interval)) = reporting {
+        let token = token.map_err(anyhow::Error::msg)?;
+        tokio::spawn(stanch_gateway::report_loop(
+            gateway.clone(),
+            url,
+            token,
+            id,
+            interval,
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(%listen, "stanch-gateway listening");
     let shutdown = async {

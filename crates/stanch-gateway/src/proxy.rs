@@ -277,6 +277,23 @@ async fn handle(
                 break;
             };
             if all_blocked {
+                // Blocked is the lowest priority across the model's pools: a later pool
+                // with an open endpoint comes first. Another model does not: changing the
+                // model on blocks alone would degrade callers that the ladder has not.
+                let open_later =
+                    targets[t + 1..]
+                        .iter()
+                        .filter(|(m2, _)| *m2 == m)
+                        .any(|(m2, p2)| {
+                            gw.models[m2].pools[*p2].1.iter().any(|e| {
+                                !tried.iter().any(|x| Arc::ptr_eq(x, e))
+                                    && e.blocked(now).is_none()
+                                    && blocked(e).is_none()
+                            })
+                        });
+                if open_later {
+                    break;
+                }
                 gw.metrics.all_blocked.inc();
             }
             let endpoint = endpoints

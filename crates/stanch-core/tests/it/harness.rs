@@ -12,6 +12,7 @@
 //! at 30s   force qwen-72b static ttl=5m reason=drill
 //! at 40s   release qwen-72b | freeze [model] | thaw [model] | block EP [model] | unblock EP [model]
 //! at 40s   unblock-all | dry-run on|off | reconcile NAME... | tick
+//! at 50s   report GATEWAY ENDPOINT model=M ok=N fail=N streak=N
 //! run until 10m        (ticks at every wake-up the engine asks for, as the server does)
 //! ```
 //!
@@ -231,6 +232,19 @@ pub fn run(text: &str) -> String {
                 as_of: now,
             },
             "tick" => Input::Tick,
+            "report" => {
+                let num = |k: &str| named.get(k).map_or(0, |v| v.parse::<u64>().unwrap());
+                Input::Reports {
+                    gateway: positional[0].into(),
+                    endpoints: vec![stanch_api::reports::EndpointReport {
+                        endpoint: positional[1].into(),
+                        model: named["model"].clone(),
+                        successes: num("ok"),
+                        failures: num("fail"),
+                        consecutive_failures: num("streak") as u32,
+                    }],
+                }
+            }
             "force" => Input::Command {
                 command: Command::Force {
                     model: positional[0].into(),

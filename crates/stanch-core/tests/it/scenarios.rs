@@ -30,4 +30,5 @@ scenarios!(
     endpoint_blocks,
     reconciliation,
     unmapped_alerts,
+    fleet_reports,
 );

@@ -2,5 +2,6 @@
 //! streaming and not, asserting what the caller got and what each upstream saw.
 
 mod failures;
+mod fleet;
 mod routing;
 mod support;

@@ -121,20 +121,23 @@ async fn blocks_from_the_table_are_honoured() {
     let mut f = fleet().await;
     let until =
         stanch_api::clock::Clock::now(&stanch_api::clock::SystemClock) + Duration::from_secs(60);
-    let block = BlockedEndpoint {
-        endpoint: f.a.base.clone(),
+    let block = |e: &Upstream| BlockedEndpoint {
+        endpoint: e.base.clone(),
         model: Some("qwen-72b".into()),
         until,
         reason: "fleet".into(),
     };
-    f.gw.table(&[("qwen-72b", Rung::Normal, "dc-a", None)], vec![block]);
+    f.gw.table(
+        &[("qwen-72b", Rung::Normal, "dc-a", None)],
+        vec![block(&f.a)],
+    );
     for _ in 0..5 {
         served_by(&f.gw, "acme-key").await;
     }
     assert_eq!(
-        f.a.requests(),
-        5,
-        "its pool's only endpoint: blocked is lowest priority, not gone"
+        (f.a.requests(), f.b.requests()),
+        (0, 5),
+        "an open endpoint in the next pool comes first"
     );
     let status: Value =
         f.gw.http
@@ -151,6 +154,32 @@ async fn blocks_from_the_table_are_honoured() {
             .unwrap()
             .iter()
             .any(|e| !e["table_blocked_until"].is_null())
+    );
+
+    // Every endpoint of the model blocked: blocked is lowest priority, not gone.
+    f.gw.table(
+        &[("qwen-72b", Rung::Normal, "dc-a", None)],
+        vec![block(&f.a), block(&f.b)],
+    );
+    for _ in 0..3 {
+        let (body, _) = served_by(&f.gw, "acme-key").await;
+        assert_eq!(
+            body["model"], "qwen-72b",
+            "still answered by the model, not the fallback"
+        );
+    }
+    let metrics =
+        f.gw.http
+            .get(format!("{}/metrics", f.gw.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+    assert!(
+        metrics.contains("stanch_gateway_all_candidates_blocked_total"),
+        "{metrics}"
     );
 }
 

@@ -100,3 +100,31 @@ async fn ingest(
         version,
     }))
 }
+
+/// `POST /v1/reports`: a gateway's per-endpoint outcome counts.
+pub(super) async fn reports(
+    State(state): State<AppState>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<stanch_api::reports::ReportResponse>, ApiError> {
+    let raw = body(&state, raw)?;
+    let batch: stanch_api::reports::ReportBatch = serde_json::from_slice(&raw).map_err(|e| {
+        let text = e.to_string();
+        ApiError::invalid(format!(
+            "body: {}",
+            text.split(" at line ").next().unwrap_or(&text)
+        ))
+    })?;
+    batch.validate().map_err(ApiError::invalid)?;
+    let accepted = batch.endpoints.len();
+    let applied = state
+        .engine
+        .apply(Input::Reports {
+            gateway: batch.gateway,
+            endpoints: batch.endpoints,
+        })
+        .await?;
+    Ok(Json(stanch_api::reports::ReportResponse {
+        accepted,
+        version: applied.version,
+    }))
+}

@@ -101,6 +101,7 @@ pub type AppState = Arc<Shared>;
 pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/alerts/alertmanager"),
     ("POST", "/api/v2/alerts"),
+    ("POST", "/v1/reports"),
     ("POST", "/v1/admin/force"),
     ("POST", "/v1/admin/release"),
     ("POST", "/v1/admin/freeze"),
@@ -124,6 +125,7 @@ pub fn router(state: AppState) -> Router {
     let ingest = Router::new()
         .route("/v1/alerts/alertmanager", post(intake::alertmanager))
         .route("/api/v2/alerts", post(intake::prometheus))
+        .route("/v1/reports", post(intake::reports))
         .route_layer(middleware::from_fn_with_state(
             (state.clone(), Role::Ingest),
             require,

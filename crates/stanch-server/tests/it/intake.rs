@@ -224,3 +224,55 @@ async fn unmapped_alerts_are_counted_not_refused() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn gateway_reports_block_an_endpoint_for_every_gateway() {
+    let h = Harness::start().await;
+    let report = |gateway: &str, failures: u64, streak: u32| {
+        serde_json::json!({"gateway": gateway, "endpoints": [{"endpoint": "http://10.0.0.7:8000", "model": "qwen-72b",
+            "successes": 0, "failures": failures, "consecutive_failures": streak}]})
+        .to_string()
+    };
+    let r = h
+        .post("/v1/reports", Some(INGEST), report("gw-1", 2, 2))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        h.routes().await["blocked"].as_array().unwrap().len(),
+        0,
+        "not enough yet"
+    );
+    let r: Value = h
+        .post("/v1/reports", Some(INGEST), report("gw-1", 5, 7))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["accepted"], 1);
+    let blocked = &h.routes().await["blocked"];
+    assert_eq!(blocked[0]["endpoint"], "http://10.0.0.7:8000");
+    assert_eq!(blocked[0]["model"], "qwen-72b");
+    assert!(
+        blocked[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("fleet reports")
+    );
+
+    assert_eq!(
+        h.post("/v1/reports", Some(READ), report("gw-1", 1, 1))
+            .await
+            .status(),
+        401
+    );
+    let r = h
+        .post(
+            "/v1/reports",
+            Some(INGEST),
+            r#"{"gateway": "", "endpoints": []}"#,
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(e["detail"].as_str().unwrap().starts_with("gateway:"), "{e}");
+}

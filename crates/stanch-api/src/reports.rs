@@ -1,0 +1,63 @@
+//! Gateway outcome reports (`POST /v1/reports`): what each replica saw of each endpoint,
+//! so the controller can block an endpoint fleet-wide when one replica discovers it.
+
+use serde::{Deserialize, Serialize};
+
+/// One gateway's counts since its previous report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportBatch {
+    /// The reporting gateway's identity.
+    pub gateway: String,
+    /// Per (endpoint, model).
+    pub endpoints: Vec<EndpointReport>,
+}
+
+/// Counts for one endpoint serving one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointReport {
+    /// The endpoint as the gateway names it (its URL).
+    pub endpoint: String,
+    /// The model.
+    pub model: String,
+    /// Successful answers since the last report.
+    pub successes: u64,
+    /// Endpoint failures since the last report (caller faults excluded).
+    pub failures: u64,
+    /// Failures in a row as of now.
+    pub consecutive_failures: u32,
+}
+
+/// The answer to a report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportResponse {
+    /// Endpoint entries recorded.
+    pub accepted: usize,
+    /// The route version after them.
+    pub version: u64,
+}
+
+/// The most endpoints one report may carry.
+pub const MAX_REPORT_ENDPOINTS: usize = 10_000;
+
+impl ReportBatch {
+    /// Checks a report from the wire; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.gateway.trim().is_empty() || self.gateway.len() > 128 {
+            return Err("gateway: 1 to 128 characters".into());
+        }
+        if self.endpoints.len() > MAX_REPORT_ENDPOINTS {
+            return Err(format!("endpoints: at most {MAX_REPORT_ENDPOINTS}"));
+        }
+        for (i, e) in self.endpoints.iter().enumerate() {
+            if e.endpoint.trim().is_empty() || e.endpoint.len() > 512 {
+                return Err(format!("endpoints[{i}].endpoint: 1 to 512 characters"));
+            }
+            if e.model.trim().is_empty() {
+                return Err(format!("endpoints[{i}].model: must not be empty"));
+            }
+        }
+        Ok(())
+    }
+}

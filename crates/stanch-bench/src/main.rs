@@ -31,7 +31,11 @@ struct Cli {
 enum Bench {
     /// The controller: webhook-to-visible latency, intake throughput, watch fan-out and RSS.
     Controller(ControllerArgs),
+    /// The gateway: direct vs stanch-gateway vs nginx, then an upstream failing mid-run.
+    Gateway(gateway::GatewayArgs),
 }
+
+mod gateway;
 
 #[derive(Debug, clap::Args)]
 struct ControllerArgs {
@@ -62,6 +66,7 @@ struct ControllerArgs {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Bench::Controller(args) => controller(args).await,
+        Bench::Gateway(args) => gateway::run(args).await,
     }
 }
 

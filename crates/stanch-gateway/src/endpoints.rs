@@ -6,7 +6,6 @@
 //! means lowest priority, not gone: when every candidate is blocked, the one most
 //! likely to be alive is used.
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,8 +44,21 @@ pub struct Endpoint {
     pub api_key: Option<SecretString>,
     /// The only endpoint of its pool: blocks on it are never extended.
     pub alone: bool,
+    /// Its URIs for chat, completions and embeddings, parsed once.
+    pub(crate) uris: [hyper::Uri; 3],
     in_flight: AtomicU32,
     health: Mutex<Health>,
+    /// Metric handles of the common path, resolved once so a success allocates nothing.
+    pub(crate) hot: std::sync::OnceLock<HotCounters>,
+}
+
+/// Counters of an endpoint's successes, looked up once at start.
+#[derive(Debug)]
+pub(crate) struct HotCounters {
+    /// `requests_total` for its own model answered by it, 2xx, success.
+    pub requests_ok: prometheus_client::metrics::counter::Counter,
+    /// `upstream_attempts_total` for it, success.
+    pub attempts_ok: prometheus_client::metrics::counter::Counter,
 }
 
 #[derive(Debug, Default)]
@@ -54,7 +66,7 @@ struct Health {
     /// Latency estimate and when it was last updated; `None` until the first sample.
     ewma_ms: Option<(f64, Instant)>,
     consecutive: u32,
-    window: VecDeque<(Instant, bool)>,
+    window: Window,
     blocked_until: Option<Instant>,
     block_ended: Option<Instant>,
     strikes: u32,
@@ -130,8 +142,15 @@ impl Endpoint {
         api_key: Option<SecretString>,
         alone: bool,
     ) -> Endpoint {
+        let base = url.trim_end_matches('/');
+        let uri = |path: &str| format!("{base}{path}").parse().unwrap_or_default();
         Endpoint {
-            url: url.trim_end_matches('/').to_owned(),
+            uris: [
+                uri("/v1/chat/completions"),
+                uri("/v1/completions"),
+                uri("/v1/embeddings"),
+            ],
+            url: base.to_owned(),
             model: model.to_owned(),
             pool: pool.to_owned(),
             weight,
@@ -141,6 +160,7 @@ impl Endpoint {
             alone,
             in_flight: AtomicU32::new(0),
             health: Mutex::new(Health::default()),
+            hot: std::sync::OnceLock::new(),
         }
     }
 
@@ -154,6 +174,14 @@ impl Endpoint {
     pub fn counts(&self) -> (u64, u64, u32) {
         let h = self.health.lock().expect("endpoint lock");
         (h.successes, h.failures, h.consecutive)
+    }
+
+    /// Failing right now with a request already out: it gets no second request until
+    /// one of them comes back well, so a fault costs its in-flight requests plus one
+    /// at a time, not a burst.
+    fn suspect_busy(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) > 0
+            && self.health.lock().expect("endpoint lock").consecutive > 0
     }
 
     /// Whether a local block holds at `now`.
@@ -203,8 +231,7 @@ impl Endpoint {
                 h.consecutive = 0;
                 h.successes += 1;
                 h.last_success = Some(wall);
-                h.window.push_back((now, true));
-                prune(&mut h.window, now, policy.window.0);
+                h.window.add(now, true, policy.window.0);
             }
             return None;
         }
@@ -213,8 +240,7 @@ impl Endpoint {
         h.consecutive += 1;
         h.failures += 1;
         h.last_failure = Some((wall, outcome.label()));
-        h.window.push_back((now, false));
-        prune(&mut h.window, now, policy.window.0);
+        h.window.add(now, false, policy.window.0);
         if let Outcome::RateLimited {
             retry_after: Some(d),
         } = outcome
@@ -228,8 +254,8 @@ impl Endpoint {
         if h.blocked_until.is_some_and(|u| u > now) {
             return None;
         }
-        let failures = h.window.iter().filter(|(_, ok)| !ok).count() as u32;
-        let total = h.window.len() as u32;
+        let (successes, failures) = h.window.totals(now, policy.window.0);
+        let total = successes + failures;
         let trigger =
             if policy.consecutive_failures > 0 && h.consecutive >= policy.consecutive_failures {
                 Some("consecutive_failures")
@@ -264,7 +290,7 @@ impl Endpoint {
         h.block_ended = Some(now + ttl);
         h.last_block = Some(now);
         h.consecutive = 0;
-        h.window.clear();
+        h.window = Window::default();
         Some(NewBlock {
             ttl,
             strikes: h.strikes,
@@ -320,12 +346,41 @@ impl Health {
     }
 }
 
-fn prune(window: &mut VecDeque<(Instant, bool)>, now: Instant, span: Duration) {
-    while window
-        .front()
-        .is_some_and(|(t, _)| now.duration_since(*t) > span)
-    {
-        window.pop_front();
+/// Outcome counts over a sliding window, in ten buckets: constant memory whatever the
+/// request rate.
+#[derive(Debug, Default)]
+struct Window {
+    buckets: [(Option<Instant>, u32, u32); 10],
+}
+
+impl Window {
+    fn add(&mut self, now: Instant, ok: bool, span: Duration) {
+        let len = span / 10;
+        let i = match self
+            .buckets
+            .iter()
+            .position(|(s, _, _)| s.is_some_and(|s| now.saturating_duration_since(s) < len))
+        {
+            Some(i) => i,
+            None => {
+                let oldest = (0..10).min_by_key(|i| self.buckets[*i].0).unwrap_or(0);
+                self.buckets[oldest] = (Some(now), 0, 0);
+                oldest
+            }
+        };
+        if ok {
+            self.buckets[i].1 += 1;
+        } else {
+            self.buckets[i].2 += 1;
+        }
+    }
+
+    /// (successes, failures) within `span` of `now`.
+    fn totals(&self, now: Instant, span: Duration) -> (u32, u32) {
+        self.buckets
+            .iter()
+            .filter(|(s, _, _)| s.is_some_and(|s| now.saturating_duration_since(s) < span))
+            .fold((0, 0), |(a, b), (_, ok, fail)| (a + ok, b + fail))
     }
 }
 
@@ -386,7 +441,7 @@ pub fn choose<'a>(
     let open: Vec<&Endpoint> = candidates
         .iter()
         .copied()
-        .filter(|e| e.blocked(now).is_none() && table_blocked(e).is_none())
+        .filter(|e| e.blocked(now).is_none() && table_blocked(e).is_none() && !e.suspect_busy())
         .collect();
     if open.is_empty() {
         // Blocked is lowest priority, not gone: the block ending soonest, then the best

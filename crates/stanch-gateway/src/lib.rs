@@ -41,7 +41,8 @@ use crate::budget::RetryBudget;
 use crate::config::{GatewayConfig, is_glob, secret};
 use crate::endpoints::{Endpoint, glob};
 use crate::faq::Faq;
-use crate::metrics::{EndpointLabels, Metrics};
+use crate::metrics::{AttemptLabels, EndpointLabels, Metrics, ModelLabel, RequestLabels};
+use prometheus_client::metrics::histogram::Histogram;
 
 /// A configured model, ready to serve.
 pub(crate) struct ModelPlan {
@@ -66,6 +67,8 @@ pub struct Gateway {
     pub(crate) routes: Option<stanch_client::Routes>,
     pub(crate) client: Client<HttpConnector, Full<Bytes>>,
     pub(crate) metrics: Metrics,
+    /// Per-model latency and time-to-first-token histograms, resolved once.
+    pub(crate) model_histograms: std::collections::HashMap<String, (Histogram, Histogram)>,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -150,6 +153,44 @@ impl Gateway {
             .filter(|k| is_glob(k))
             .cloned()
             .collect();
+        let metrics = Metrics::new();
+        for e in models
+            .values()
+            .flat_map(|m: &ModelPlan| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
+        {
+            let requests_ok = metrics
+                .requests
+                .get_or_create(&RequestLabels {
+                    model: e.model.clone(),
+                    served_model: e.model.clone(),
+                    pool: e.pool.clone(),
+                    endpoint: e.url.clone(),
+                    status_class: "2xx",
+                    outcome: "success",
+                })
+                .clone();
+            let attempts_ok = metrics
+                .attempts
+                .get_or_create(&AttemptLabels {
+                    endpoint: e.url.clone(),
+                    outcome: "success",
+                })
+                .clone();
+            let _ = e.hot.set(endpoints::HotCounters {
+                requests_ok,
+                attempts_ok,
+            });
+        }
+        let model_histograms = config
+            .models
+            .keys()
+            .map(|m| {
+                let label = ModelLabel { model: m.clone() };
+                let latency = metrics.latency.get_or_create(&label).clone();
+                let ttft = metrics.ttft.get_or_create(&label).clone();
+                (m.clone(), (latency, ttft))
+            })
+            .collect();
         Ok(Gateway {
             models,
             globs,
@@ -158,7 +199,8 @@ impl Gateway {
             budget,
             routes,
             client,
-            metrics: Metrics::new(),
+            metrics,
+            model_histograms,
             clock,
             config,
         })

@@ -23,6 +23,9 @@ struct Args {
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
+    /// Threads running the gateway (0: one per core).
+    #[arg(long, env = "STANCH_GATEWAY_WORKER_THREADS", default_value_t = 0)]
+    worker_threads: usize,
 }
 
 fn main() -> ExitCode {
@@ -47,10 +50,19 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match args.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
+use axum::http::{HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -39,20 +38,15 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
-    Chat,
-    Completions,
-    Embeddings,
+    /// `/v1/chat/completions`; the index of `Endpoint::uris`.
+    Chat = 0,
+    /// `/v1/completions`.
+    Completions = 1,
+    /// `/v1/embeddings`.
+    Embeddings = 2,
 }
 
 impl Api {
-    fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Completions => "/v1/completions",
-            Api::Embeddings => "/v1/embeddings",
-        }
-    }
-
     fn answers_from_faq(self) -> bool {
         self != Api::Embeddings
     }
@@ -61,28 +55,25 @@ impl Api {
 /// `POST /v1/chat/completions`
 pub(crate) async fn chat(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: axum::extract::Request,
 ) -> Response {
-    handle(gw, Api::Chat, headers, body).await
+    handle(gw, Api::Chat, request).await
 }
 
 /// `POST /v1/completions`
 pub(crate) async fn completions(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: axum::extract::Request,
 ) -> Response {
-    handle(gw, Api::Completions, headers, body).await
+    handle(gw, Api::Completions, request).await
 }
 
 /// `POST /v1/embeddings`
 pub(crate) async fn embeddings(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: axum::extract::Request,
 ) -> Response {
-    handle(gw, Api::Embeddings, headers, body).await
+    handle(gw, Api::Embeddings, request).await
 }
 
 /// The block the route table puts on an endpoint for its model, if any.
@@ -97,12 +88,21 @@ pub(crate) fn table_block(table: &RouteTable, e: &Endpoint, now: Timestamp) -> O
 }
 
 /// What one request carries through its attempts.
+/// The fields of a request body that routing reads; the rest is not parsed.
+#[derive(serde::Deserialize)]
+struct Peek {
+    model: Option<String>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
 struct Ctx {
     gw: Arc<Gateway>,
     api: Api,
     requested: String,
     model: String,
-    body: Value,
+    /// The request body as the caller sent it.
+    raw: Bytes,
     stream: bool,
     version: u64,
     started: Instant,
@@ -121,26 +121,26 @@ enum Attempt {
     Failed(Outcome),
 }
 
-async fn handle(
-    gw: Arc<Gateway>,
-    api: Api,
-    headers: HeaderMap,
-    raw: Result<Bytes, BytesRejection>,
-) -> Response {
-    let raw = match raw {
+async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> Response {
+    // The request's own headers, not a copy: header values share its read buffer.
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let limit = gw.config.max_body_bytes;
+    let raw = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
-        Err(r) => {
+        Err(_) => {
             return openai_error(
-                r.status(),
+                StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
-                "bad_body",
-                &r.body_text(),
+                "body_too_large",
+                &format!("request bodies are limited to {limit} bytes"),
             );
         }
     };
-    let body: Value = match serde_json::from_slice(&raw) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => {
+    // Only the fields routing needs are read; the body is forwarded as it came.
+    let peek: Peek = match serde_json::from_slice(&raw) {
+        Ok(p) => p,
+        Err(_) => {
             return openai_error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
@@ -149,7 +149,7 @@ async fn handle(
             );
         }
     };
-    let Some(requested) = body["model"].as_str().map(str::to_owned) else {
+    let Some(requested) = peek.model else {
         return openai_error(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
@@ -183,13 +183,13 @@ async fn handle(
     let table = gw.table();
     let version = table.as_ref().map_or(0, |t| t.version);
     gw.budget.request(Instant::now());
-    let stream = api != Api::Embeddings && body["stream"].as_bool().unwrap_or(false);
+    let stream = api != Api::Embeddings && peek.stream.unwrap_or(false);
     let mut ctx = Ctx {
         gw: gw.clone(),
         api,
         requested,
         model: model.clone(),
-        body,
+        raw,
         stream,
         version,
         started: Instant::now(),
@@ -411,13 +411,20 @@ fn backoff(gw: &Gateway, attempts: u32) -> Duration {
 
 fn record(ctx: &Ctx, endpoint: &Endpoint, outcome: &Outcome, latency: Duration) {
     let gw = &ctx.gw;
-    gw.metrics
-        .attempts
-        .get_or_create(&AttemptLabels {
-            endpoint: endpoint.url.clone(),
-            outcome: outcome.label(),
-        })
-        .inc();
+    match (outcome, endpoint.hot.get()) {
+        (Outcome::Success, Some(hot)) => {
+            hot.attempts_ok.inc();
+        }
+        _ => {
+            gw.metrics
+                .attempts
+                .get_or_create(&AttemptLabels {
+                    endpoint: endpoint.url.clone(),
+                    outcome: outcome.label(),
+                })
+                .inc();
+        }
+    }
     if let Some(block) = endpoint.record(
         outcome,
         latency,
@@ -437,16 +444,19 @@ fn record(ctx: &Ctx, endpoint: &Endpoint, outcome: &Outcome, latency: Duration) 
 
 async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Attempt {
     let gw = &ctx.gw;
-    let mut body = ctx.body.clone();
-    body["model"] = Value::String(
-        endpoint
-            .upstream_model
-            .clone()
-            .unwrap_or_else(|| ctx.requested.clone()),
-    );
+    // The caller's bytes go upstream untouched unless the upstream names the model
+    // differently.
+    let payload = match &endpoint.upstream_model {
+        Some(name) if *name != ctx.requested => {
+            let mut body: Value = serde_json::from_slice(&ctx.raw).unwrap_or_default();
+            body["model"] = Value::String(name.clone());
+            Bytes::from(serde_json::to_vec(&body).expect("JSON serializes"))
+        }
+        _ => ctx.raw.clone(),
+    };
     let mut request = Request::builder()
         .method(Method::POST)
-        .uri(format!("{}{}", endpoint.url, ctx.api.path()))
+        .uri(endpoint.uris[ctx.api as usize].clone())
         .header(header::CONTENT_TYPE, "application/json");
     if let Some(key) = &endpoint.api_key {
         request = request.header(
@@ -454,9 +464,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             format!("Bearer {}", key.expose_secret()),
         );
     }
-    let request = match request.body(Full::new(Bytes::from(
-        serde_json::to_vec(&body).expect("JSON serializes"),
-    ))) {
+    let request = match request.body(Full::new(payload)) {
         Ok(r) => r,
         Err(_) => return Attempt::Failed(Outcome::Connect),
     };
@@ -754,30 +762,34 @@ fn finish(
         400..=499 => "4xx",
         _ => "5xx",
     };
-    let labels = RequestLabels {
-        model: ctx.model.clone(),
-        served_model: endpoint.map_or_else(|| "none".to_owned(), |e| e.model.clone()),
-        pool: endpoint.map_or_else(String::new, |e| e.pool.clone()),
-        endpoint: endpoint.map_or_else(String::new, |e| e.url.clone()),
-        status_class,
-        outcome,
-    };
-    ctx.gw.metrics.requests.get_or_create(&labels).inc();
-    if !ctx.stream {
-        ctx.gw
-            .metrics
-            .latency
-            .get_or_create(&ModelLabel {
+    let hot = endpoint
+        .filter(|e| outcome == "success" && status_class == "2xx" && e.model == ctx.model)
+        .and_then(|e| e.hot.get());
+    match hot {
+        Some(hot) => hot.requests_ok.inc(),
+        None => {
+            let labels = RequestLabels {
                 model: ctx.model.clone(),
-            })
-            .observe(ctx.started.elapsed().as_secs_f64());
+                served_model: endpoint.map_or_else(|| "none".to_owned(), |e| e.model.clone()),
+                pool: endpoint.map_or_else(String::new, |e| e.pool.clone()),
+                endpoint: endpoint.map_or_else(String::new, |e| e.url.clone()),
+                status_class,
+                outcome,
+            };
+            ctx.gw.metrics.requests.get_or_create(&labels).inc()
+        }
+    };
+    if !ctx.stream {
+        if let Some((latency, _)) = ctx.gw.model_histograms.get(&ctx.model) {
+            latency.observe(ctx.started.elapsed().as_secs_f64());
+        }
     }
     info!(
         target: "access",
         model = %ctx.requested,
         tenant = %ctx.tenant,
-        served = %labels.served_model,
-        endpoint = %labels.endpoint,
+        served = %endpoint.map_or("none", |e| e.model.as_str()),
+        endpoint = %endpoint.map_or("", |e| e.url.as_str()),
         attempts = ctx.attempts,
         outcome,
         status = status.as_u16(),
@@ -837,7 +849,7 @@ fn faq_answer(ctx: &Ctx, set: Option<&str>, outcome: &'static str) -> Response {
                 .and_then(|m| m.faq.as_deref())
         })
         .or_else(|| gw.faqs.keys().next().map(String::as_str));
-    let q = question(&ctx.body);
+    let q = question(&serde_json::from_slice(&ctx.raw).unwrap_or_default());
     let answer = set.and_then(|s| gw.faqs.get(s)).map_or(
         "The service is busy right now. Please try again in a few minutes.".to_owned(),
         |f| f.answer(&q).answer.to_owned(),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what stanch's tests run against, when missing: real Alertmanager (and
-# Prometheus, for promtool and the closed-loop tests) from Debian's packages.
+# Installs what stanch's tests run against, when missing, from Debian's packages: a
+# real Alertmanager, Prometheus (for promtool), openssl and curl.
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
 set -euo pipefail
 
@@ -8,6 +8,7 @@ need=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

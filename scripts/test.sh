@@ -3,4 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-test-deps.sh
+# The alerting rules: syntax, and their unit tests.
+promtool check rules rules/stanch.rules.yml
+promtool test rules rules/tests/*.test.yml
 cargo test --workspace --locked "$@"

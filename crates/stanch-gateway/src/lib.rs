@@ -172,6 +172,8 @@ impl Gateway {
             let attempts_ok = metrics
                 .attempts
                 .get_or_create(&AttemptLabels {
+                    model: e.model.clone(),
+                    pool: e.pool.clone(),
                     endpoint: e.url.clone(),
                     outcome: "success",
                 })

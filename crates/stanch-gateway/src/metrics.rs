@@ -28,6 +28,10 @@ pub struct RequestLabels {
 /// Labels of one upstream attempt.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
+    /// The model the endpoint served.
+    pub model: String,
+    /// The endpoint's pool.
+    pub pool: String,
     /// The endpoint.
     pub endpoint: String,
     /// Its outcome.
@@ -63,7 +67,7 @@ pub struct Metrics {
     registry: Registry,
     /// Requests by model, served model, pool, endpoint, status class and outcome.
     pub requests: Family<RequestLabels, Counter>,
-    /// Upstream attempts by endpoint and outcome.
+    /// Upstream attempts by model, pool, endpoint and outcome (the alerting rules' input).
     pub attempts: Family<AttemptLabels, Counter>,
     /// Request latency (to the last byte), by model.
     pub latency: Family<ModelLabel, Histogram>,
@@ -129,7 +133,7 @@ impl Metrics {
         );
         registry.register(
             "upstream_attempts",
-            "Upstream attempts by endpoint and outcome",
+            "Upstream attempts by model, pool, endpoint and outcome",
             m.attempts.clone(),
         );
         registry.register(

@@ -419,6 +419,8 @@ fn record(ctx: &Ctx, endpoint: &Endpoint, outcome: &Outcome, latency: Duration) 
             gw.metrics
                 .attempts
                 .get_or_create(&AttemptLabels {
+                    model: endpoint.model.clone(),
+                    pool: endpoint.pool.clone(),
                     endpoint: endpoint.url.clone(),
                     outcome: outcome.label(),
                 })
@@ -703,6 +705,8 @@ async fn stream(
         gw.metrics
             .attempts
             .get_or_create(&AttemptLabels {
+                model: endpoint.model.clone(),
+                pool: endpoint.pool.clone(),
                 endpoint: endpoint.url.clone(),
                 outcome: outcome.label(),
             })

@@ -243,6 +243,33 @@ pub struct BlockingPolicy {
     pub slow_start: HumanDuration,
     /// Endpoint URL globs never blocked.
     pub never_block: Vec<String>,
+    /// Active probing of blocked endpoints.
+    pub probe: ProbePolicy,
+}
+
+/// Probing blocked endpoints with a tiny real completion, to lift a block early.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbePolicy {
+    /// Off by default: probes are real (if tiny) completions.
+    pub enabled: bool,
+    /// How often each blocked endpoint is probed.
+    pub interval: HumanDuration,
+    /// Successes in a row that lift a block.
+    pub successes: u32,
+    /// A probe not answered within this fails.
+    pub timeout: HumanDuration,
+}
+
+impl Default for ProbePolicy {
+    fn default() -> Self {
+        ProbePolicy {
+            enabled: false,
+            interval: HumanDuration::secs(5),
+            successes: 3,
+            timeout: HumanDuration::secs(5),
+        }
+    }
 }
 
 impl Default for BlockingPolicy {
@@ -259,6 +286,7 @@ impl Default for BlockingPolicy {
             backoff_reset: HumanDuration::secs(1800),
             slow_start: HumanDuration::secs(30),
             never_block: Vec::new(),
+            probe: ProbePolicy::default(),
         }
     }
 }
@@ -461,6 +489,12 @@ impl GatewayConfig {
                 "must be between 0 and 1".into(),
             );
         }
+        if b.probe.enabled && b.probe.successes == 0 {
+            problem(
+                "blocking.probe.successes".into(),
+                "must be at least 1".into(),
+            );
+        }
         if !(0.0..=0.5).contains(&b.jitter) {
             problem("blocking.jitter".into(), "must be between 0 and 0.5".into());
         }
@@ -471,6 +505,8 @@ impl GatewayConfig {
             ("timeouts.stream_idle", self.timeouts.stream_idle),
             ("timeouts.total", self.timeouts.total),
             ("blocking.ttl", b.ttl),
+            ("blocking.probe.interval", b.probe.interval),
+            ("blocking.probe.timeout", b.probe.timeout),
             ("blocking.window", b.window),
         ] {
             if d.0.is_zero() {

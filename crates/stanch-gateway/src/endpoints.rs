@@ -73,6 +73,8 @@ struct Health {
     last_block: Option<Instant>,
     successes: u64,
     failures: u64,
+    /// Probe successes in a row while blocked.
+    probe_streak: u32,
     last_success: Option<Timestamp>,
     last_failure: Option<(Timestamp, &'static str)>,
 }
@@ -168,6 +170,26 @@ impl Endpoint {
     pub fn start(self: &std::sync::Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
+    }
+
+    /// Records a probe's result while blocked; returns true when it lifted the block.
+    /// Probes never count as traffic: not in totals, streaks or latency.
+    pub fn probe_result(&self, ok: bool, needed: u32, now: Instant) -> bool {
+        let mut h = self.health.lock().expect("endpoint lock");
+        if h.blocked_until.is_none_or(|u| u <= now) {
+            h.probe_streak = 0;
+            return false;
+        }
+        h.probe_streak = if ok { h.probe_streak + 1 } else { 0 };
+        if h.probe_streak < needed {
+            return false;
+        }
+        // Lifted early; the slow start ramps its share up from here.
+        h.blocked_until = None;
+        h.block_ended = Some(now);
+        h.consecutive = 0;
+        h.probe_streak = 0;
+        true
     }
 
     /// Totals so far and the current run of failures: (successes, failures, consecutive).

@@ -208,6 +208,11 @@ impl Gateway {
         })
     }
 
+    /// Whether active probing of blocked endpoints is on.
+    pub fn config_probing(&self) -> bool {
+        self.config.blocking.probe.enabled
+    }
+
     /// The configured model serving a requested name: exact, else the first glob.
     pub(crate) fn resolve(&self, requested: &str) -> Option<&str> {
         if let Some((k, _)) = self.models.get_key_value(requested) {
@@ -452,6 +457,49 @@ pub async fn report_loop(
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot send an outcome report"),
             Err(_) => tracing::warn!("outcome report timed out"),
+        }
+    }
+}
+
+/// Probes locally blocked endpoints with a one-token completion (marked
+/// `X-Stanch-Probe`), lifting a block after `blocking.probe.successes` in a row.
+pub async fn probe_loop(gateway: Arc<Gateway>) {
+    use secrecy::ExposeSecret;
+    let policy = gateway.config.blocking.probe.clone();
+    let endpoints: Vec<Arc<Endpoint>> = gateway
+        .models
+        .values()
+        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter().cloned()))
+        .collect();
+    let mut ticker = tokio::time::interval(policy.interval.0);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        for e in endpoints
+            .iter()
+            .filter(|e| e.blocked(Instant::now()).is_some())
+        {
+            let model = e.upstream_model.clone().unwrap_or_else(|| e.model.clone());
+            let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+            let mut request = hyper::Request::post(e.uris[0].clone())
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("x-stanch-probe", "1");
+            if let Some(key) = &e.api_key {
+                request = request.header(
+                    header::AUTHORIZATION,
+                    format!("Bearer {}", key.expose_secret()),
+                );
+            }
+            let Ok(request) = request.body(Full::new(Bytes::from(body.to_string()))) else {
+                continue;
+            };
+            let ok = matches!(
+                tokio::time::timeout(policy.timeout.0, gateway.client.request(request)).await,
+                Ok(Ok(r)) if r.status().is_success()
+            );
+            if e.probe_result(ok, policy.successes, Instant::now()) {
+                tracing::info!(endpoint = %e.url, model = %e.model, "block lifted early: probes succeeded");
+            }
         }
     }
 }

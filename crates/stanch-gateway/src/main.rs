@@ -23,6 +23,9 @@ struct Args {
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
+    /// Validate the configuration and exit (64 with every problem, 0 when valid).
+    #[arg(long)]
+    check: bool,
     /// Threads running the gateway (0: one per core).
     #[arg(long, env = "STANCH_GATEWAY_WORKER_THREADS", default_value_t = 0)]
     worker_threads: usize,
@@ -50,6 +53,15 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    if args.check {
+        let models = config.models.keys().cloned().collect::<Vec<_>>().join(", ");
+        eprintln!(
+            "{}: ok ({} model(s): {models})",
+            args.config.display(),
+            config.models.len()
+        );
+        return ExitCode::SUCCESS;
+    }
     let runtime = match args.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -113,6 +125,9 @@ async fn run(config: GatewayConfig, listen: SocketAddr) -> anyhow::Result<()> {
             (c.url.clone(), token, id, c.report_interval.0)
         });
     let gateway = Arc::new(Gateway::new(config, routes, Arc::new(SystemClock))?);
+    if gateway.config_probing() {
+        tokio::spawn(stanch_gateway::probe_loop(gateway.clone()));
+    }
     if let Some((url, token, id, interval)) = reporting {
         let token = token.map_err(anyhow::Error::msg)?;
         tokio::spawn(stanch_gateway::report_loop(

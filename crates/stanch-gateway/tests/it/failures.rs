@@ -346,3 +346,86 @@ async fn a_failing_endpoint_gets_no_traffic_after_the_threshold() {
     assert!(failing["failures"].as_u64().unwrap() >= 1);
     assert!(total(&ups) >= 60);
 }
+
+#[tokio::test]
+async fn probes_lift_a_block_early_once_the_endpoint_answers() {
+    let ups = [
+        Upstream::start("qwen-72b", "a").await,
+        Upstream::start("qwen-72b", "b").await,
+    ];
+    // Alone in the primary pool, the failing endpoint is tried first on every request.
+    let yaml = "models:\n  qwen-72b:\n    pools:\n      - {name: p1, endpoints: [{url: '{a}'}]}\n      - {name: p2, endpoints: [{url: '{b}'}]}\n\
+        retry: {backoff_base: 1ms, backoff_max: 2ms, budget_min_retries: 1000}\n\
+        blocking: {consecutive_failures: 2, ttl: 60s, jitter: 0, slow_start: 0s, probe: {enabled: true, interval: 100ms, successes: 2, timeout: 1s}}\n";
+    let gw = gateway(yaml, &[("a", &ups[0]), ("b", &ups[1])]).await;
+    ups[0].fault(json!({"kind": "status", "status": 503}));
+    for _ in 0..10 {
+        assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    }
+    let state = |s: &Value| {
+        s["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["url"] == ups[0].base.as_str())
+            .unwrap()["state"]
+            .clone()
+    };
+    let status: Value = gw
+        .http
+        .get(format!("{}/v1/status", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(state(&status), "blocked");
+    // Failing probes keep it blocked.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let status: Value = gw
+        .http
+        .get(format!("{}/v1/status", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(state(&status), "blocked");
+
+    ups[0].fault(json!({"kind": "none"}));
+    let mut lifted = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let status: Value = gw
+            .http
+            .get(format!("{}/v1/status", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if state(&status) != "blocked" {
+            lifted = true;
+            break;
+        }
+    }
+    assert!(lifted, "two successful probes lift the 60 s block early");
+    let stats = ups[0].mock.stats();
+    assert!(stats.probes >= 2, "probes are marked as such: {stats:?}");
+    let failures_seen = ups[0]
+        .mock
+        .stats()
+        .by_outcome
+        .get("fault:status")
+        .copied()
+        .unwrap_or(0);
+    assert!(failures_seen >= 2);
+    let before = ups[0].requests();
+    for _ in 0..20 {
+        gw.chat("qwen-72b", false).await;
+    }
+    assert!(ups[0].requests() > before, "it takes traffic again");
+}

@@ -52,6 +52,9 @@ pub async fn gateway(yaml: &str, upstreams: &[(&str, &Upstream)]) -> Setup {
     let config = GatewayConfig::from_yaml(&text).unwrap_or_else(|e| panic!("{e}"));
     let (routes, manual) = stanch_client::Routes::manual();
     let gw = Arc::new(Gateway::new(config, Some(routes), Arc::new(SystemClock)).unwrap());
+    if gw.config_probing() {
+        tokio::spawn(stanch_gateway::probe_loop(gw.clone()));
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(stanch_gateway::serve(listener, gw, std::future::pending()));

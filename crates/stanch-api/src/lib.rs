@@ -10,6 +10,7 @@ pub mod admin;
 pub mod alerts;
 pub mod clock;
 pub mod duration;
+pub mod glob;
 pub mod hash;
 pub mod headers;
 pub mod labels;

@@ -10,28 +10,7 @@ use crate::config::{BlockPolicy, Config};
 use crate::decision::Decision;
 use crate::state::{BlockKey, BlockRecord, BlockSource, EngineState, Strikes};
 
-/// `*` and `?` glob matching, for never-block patterns.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
-}
+pub use stanch_api::glob::matches as glob_match;
 
 /// `d` spread by up to ±`fraction`, pseudo-randomly but deterministically from the
 /// key, the strike and the time, so that replays decide the same.
@@ -140,16 +119,6 @@ pub(crate) fn block(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("*.internal:8000", "gpu-1.internal:8000"));
-        assert!(glob_match("gpu-?", "gpu-7"));
-        assert!(!glob_match("gpu-?", "gpu-17"));
-        assert!(glob_match("*", ""));
-        assert!(!glob_match("a*b", "acd"));
-        assert!(glob_match("a*b*c", "aXbYbZc"));
-    }
 
     #[test]
     fn jitter_stays_within_its_fraction_and_is_repeatable() {

@@ -418,27 +418,7 @@ fn jitter(d: Duration, fraction: f64, url: &str, strikes: u32) -> Duration {
     d.mul_f64(1.0 + fraction * (2.0 * unit - 1.0))
 }
 
-/// `*` and `?` globs.
-pub fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti, mut star) = (0, 0, None);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
-}
+pub use stanch_api::glob::matches as glob;
 
 static RANDOM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
 

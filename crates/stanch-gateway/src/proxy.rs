@@ -409,8 +409,8 @@ fn backoff(gw: &Gateway, attempts: u32) -> Duration {
     base.mul_f64(0.5 + 0.5 * unit)
 }
 
-fn record(ctx: &Ctx, endpoint: &Endpoint, outcome: &Outcome, latency: Duration) {
-    let gw = &ctx.gw;
+/// Counts an attempt's outcome and feeds it to the endpoint's passive blocking.
+fn record(gw: &Gateway, endpoint: &Endpoint, outcome: &Outcome, latency: Duration) {
     match (outcome, endpoint.hot.get()) {
         (Outcome::Success, Some(hot)) => {
             hot.attempts_ok.inc();
@@ -480,11 +480,11 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         .min(deadline.saturating_duration_since(sent));
     let response = match tokio::time::timeout(first_byte, gw.client.request(request)).await {
         Err(_) => {
-            record(ctx, endpoint, &Outcome::NoHeaders, sent.elapsed());
+            record(&ctx.gw, endpoint, &Outcome::NoHeaders, sent.elapsed());
             return Attempt::Failed(Outcome::NoHeaders);
         }
         Ok(Err(_)) => {
-            record(ctx, endpoint, &Outcome::Connect, sent.elapsed());
+            record(&ctx.gw, endpoint, &Outcome::Connect, sent.elapsed());
             return Attempt::Failed(Outcome::Connect);
         }
         Ok(Ok(r)) => r,
@@ -502,7 +502,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             .await
             .unwrap_or_default();
         let outcome = classify_status(status.as_u16(), wait, &bytes);
-        record(ctx, endpoint, &outcome, sent.elapsed());
+        record(&ctx.gw, endpoint, &outcome, sent.elapsed());
         if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
             let mut r = Response::new(Body::from(bytes));
             *r.status_mut() = status;
@@ -521,7 +521,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         let remaining = deadline.saturating_duration_since(Instant::now());
         return match tokio::time::timeout(remaining, response.into_body().collect()).await {
             Ok(Ok(collected)) => {
-                record(ctx, endpoint, &Outcome::Success, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Success, sent.elapsed());
                 drop(in_flight);
                 let mut r = Response::new(Body::from(collected.to_bytes()));
                 r.headers_mut().insert(
@@ -531,11 +531,11 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
                 Attempt::Answer(r)
             }
             Ok(Err(_)) => {
-                record(ctx, endpoint, &Outcome::Truncated, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Truncated, sent.elapsed());
                 Attempt::Failed(Outcome::Truncated)
             }
             Err(_) => {
-                record(ctx, endpoint, &Outcome::Stalled, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Stalled, sent.elapsed());
                 Attempt::Failed(Outcome::Stalled)
             }
         };
@@ -587,15 +587,20 @@ async fn stream(
     while ready.is_empty() && !done {
         let frame = match tokio::time::timeout_at(until, body.frame()).await {
             Err(_) => {
-                record(ctx, endpoint, &Outcome::FirstTokenTimeout, sent.elapsed());
+                record(
+                    &ctx.gw,
+                    endpoint,
+                    &Outcome::FirstTokenTimeout,
+                    sent.elapsed(),
+                );
                 return Attempt::Failed(Outcome::FirstTokenTimeout);
             }
             Ok(None) => {
-                record(ctx, endpoint, &Outcome::Truncated, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Truncated, sent.elapsed());
                 return Attempt::Failed(Outcome::Truncated);
             }
             Ok(Some(Err(_))) => {
-                record(ctx, endpoint, &Outcome::Connect, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Connect, sent.elapsed());
                 return Attempt::Failed(Outcome::Connect);
             }
             Ok(Some(Ok(frame))) => frame,
@@ -611,7 +616,12 @@ async fn stream(
                 }
                 Event::Done => done = true,
                 Event::Error(_) => {
-                    record(ctx, endpoint, &Outcome::ServerError(200), sent.elapsed());
+                    record(
+                        &ctx.gw,
+                        endpoint,
+                        &Outcome::ServerError(200),
+                        sent.elapsed(),
+                    );
                     return Attempt::Failed(Outcome::ServerError(200));
                 }
                 Event::Malformed => {
@@ -702,30 +712,7 @@ async fn stream(
         if outcome != Outcome::Success {
             send(error_event(&outcome)).await;
         }
-        gw.metrics
-            .attempts
-            .get_or_create(&AttemptLabels {
-                model: endpoint.model.clone(),
-                pool: endpoint.pool.clone(),
-                endpoint: endpoint.url.clone(),
-                outcome: outcome.label(),
-            })
-            .inc();
-        if let Some(block) = endpoint.record(
-            &outcome,
-            ttft,
-            &gw.config.blocking,
-            Instant::now(),
-            gw.clock.now(),
-        ) {
-            gw.metrics
-                .blocks
-                .get_or_create(&KindLabel {
-                    kind: block.trigger,
-                })
-                .inc();
-            warn!(endpoint = %endpoint.url, trigger = block.trigger, ttl = ?block.ttl, "endpoint blocked");
-        }
+        record(&gw, &endpoint, &outcome, ttft);
         gw.metrics
             .latency
             .get_or_create(&ModelLabel {

@@ -207,15 +207,7 @@ async fn a_malformed_chunk_is_dropped_and_the_stream_continues() {
     );
     assert_eq!(content(&ev).split(' ').count(), 4);
     assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
-    let metrics = gw
-        .http
-        .get(format!("{}/metrics", gw.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     assert!(
         metrics.contains("stanch_gateway_malformed_chunks_total 1"),
         "{metrics}"
@@ -327,15 +319,7 @@ async fn a_failing_endpoint_gets_no_traffic_after_the_threshold() {
         ups[1].requests()
     );
     assert!(ups[1].requests() >= 1, "it was tried");
-    let status: Value = gw
-        .http
-        .get(format!("{}/v1/status", gw.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status: Value = gw.status().await;
     let failing = status["endpoints"]
         .as_array()
         .unwrap()
@@ -371,42 +355,18 @@ async fn probes_lift_a_block_early_once_the_endpoint_answers() {
             .unwrap()["state"]
             .clone()
     };
-    let status: Value = gw
-        .http
-        .get(format!("{}/v1/status", gw.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status: Value = gw.status().await;
     assert_eq!(state(&status), "blocked");
     // Failing probes keep it blocked.
     tokio::time::sleep(Duration::from_millis(350)).await;
-    let status: Value = gw
-        .http
-        .get(format!("{}/v1/status", gw.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status: Value = gw.status().await;
     assert_eq!(state(&status), "blocked");
 
     ups[0].fault(json!({"kind": "none"}));
     let mut lifted = false;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let status: Value = gw
-            .http
-            .get(format!("{}/v1/status", gw.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let status: Value = gw.status().await;
         if state(&status) != "blocked" {
             lifted = true;
             break;

@@ -139,15 +139,7 @@ async fn blocks_from_the_table_are_honoured() {
         (0, 5),
         "an open endpoint in the next pool comes first"
     );
-    let status: Value =
-        f.gw.http
-            .get(format!("{}/v1/status", f.gw.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+    let status: Value = f.gw.status().await;
     assert!(
         status["endpoints"]
             .as_array()
@@ -168,15 +160,7 @@ async fn blocks_from_the_table_are_honoured() {
             "still answered by the model, not the fallback"
         );
     }
-    let metrics =
-        f.gw.http
-            .get(format!("{}/metrics", f.gw.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+    let metrics = f.gw.metrics().await;
     assert!(
         metrics.contains("stanch_gateway_all_candidates_blocked_total"),
         "{metrics}"

@@ -88,6 +88,28 @@ tenants:
 "#;
 
 impl Setup {
+    pub async fn status(&self) -> Value {
+        self.http
+            .get(format!("{}/v1/status", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn chat(&self, model: &str, stream: bool) -> reqwest::Response {
         self.chat_as(model, stream, "acme-key", "hello").await
     }

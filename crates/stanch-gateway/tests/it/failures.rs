@@ -129,20 +129,34 @@ async fn resets_and_refused_connections_are_retried() {
 
 #[tokio::test]
 async fn no_headers_in_time_is_retried_once_elsewhere() {
-    for fault in [
-        json!({"kind": "latency", "ms": 3000}),
-        json!({"kind": "no_response"}),
+    for (fault, stream) in [
+        (json!({"kind": "latency", "ms": 3000}), false),
+        (json!({"kind": "latency", "ms": 3000}), true),
+        (json!({"kind": "no_response"}), false),
+        (json!({"kind": "no_response"}), true),
     ] {
         let (gw, ups) = three().await;
         ups[0].fault(fault.clone());
         let started = Instant::now();
         for _ in 0..6 {
-            let r = gw.chat("qwen-72b", false).await;
+            let r = gw.chat("qwen-72b", stream).await;
             assert_eq!(r.status(), 200);
+            let text = r.text().await.unwrap();
+            if stream {
+                assert_eq!(
+                    events(&text).last().map(String::as_str),
+                    Some("[DONE]"),
+                    "{fault}"
+                );
+            }
         }
         assert!(
             started.elapsed() < Duration::from_secs(3),
-            "{fault}: never waited out the slow endpoint"
+            "{fault} (stream: {stream}): never waited out the slow endpoint"
+        );
+        assert!(
+            ups[0].requests() <= 3,
+            "{fault}: not retried on the slow endpoint within a request"
         );
     }
 }
@@ -388,4 +402,32 @@ async fn probes_lift_a_block_early_once_the_endpoint_answers() {
         gw.chat("qwen-72b", false).await;
     }
     assert!(ups[0].requests() > before, "it takes traffic again");
+}
+
+#[tokio::test]
+async fn a_spent_retry_budget_answers_from_the_faq_instead_of_adding_load() {
+    let ups = [
+        Upstream::start("qwen-72b", "a").await,
+        Upstream::start("qwen-72b", "b").await,
+    ];
+    // No retries allowed at all: the budget is always spent.
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    faq: default\n    pools:\n      - {{name: p1, endpoints: [{{url: '{{a}}'}}]}}\n      - {{name: p2, endpoints: [{{url: '{{b}}'}}]}}\n\
+        retry: {{budget_ratio: 0, budget_min_retries: 0}}\nblocking: {{consecutive_failures: 0}}\n{}",
+        POLICY.replace("retry: {max_attempts: 4, attempts_per_pool: 3, backoff_base: 1ms, backoff_max: 5ms, budget_min_retries: 1000}\n", "")
+            .replace("blocking: {consecutive_failures: 3, jitter: 0, ttl: 60s, slow_start: 0s}\n", "")
+    );
+    let gw = gateway(&yaml, &[("a", &ups[0]), ("b", &ups[1])]).await;
+    ups[0].fault(json!({"kind": "status", "status": 503}));
+    for _ in 0..5 {
+        let r = gw.chat("qwen-72b", false).await;
+        assert_eq!(r.status(), 200, "never a bare 5xx");
+        assert_eq!(r.headers()["x-llm-degraded"], "static");
+    }
+    assert_eq!(ups[1].requests(), 0, "no retry was sent to the other pool");
+    assert!(
+        gw.metrics()
+            .await
+            .contains("stanch_gateway_retry_budget_exhausted_total 5")
+    );
 }

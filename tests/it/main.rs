@@ -1,5 +1,6 @@
 //! Tests of the `stanch` binary as an operator runs it.
 
 mod cli;
+mod e2e;
 mod process;
 mod rules;

@@ -249,6 +249,11 @@ impl Gateway {
     }
 }
 
+/// The route table a gateway has applied, if any (for status pages and tests).
+pub fn applied_table(gateway: &Gateway) -> Option<Arc<RouteTable>> {
+    gateway.table()
+}
+
 /// The gateway's router.
 pub fn router(gateway: Arc<Gateway>) -> Router {
     let limit = gateway.config.max_body_bytes;

@@ -1,0 +1,370 @@
+//! The closed loop, end to end: real Prometheus and Alertmanager (Debian's packages,
+//! installed by scripts/install-test-deps.sh), the stanch controller as a process, two
+//! gateway replicas and mock upstreams, all on loopback. Prometheus scrapes the gateways
+//! and evaluates the rules of `rules/` (their windows and `for:` shortened so a test
+//! takes seconds); Alertmanager notifies stanch; stanch decides; the gateways follow.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stanch_api::clock::SystemClock;
+use stanch_gateway::Gateway;
+use stanch_gateway::config::GatewayConfig;
+use stanch_mock::{Mock, MockConfig};
+use tokio::time::Instant;
+
+const INGEST: &str = "e2e-ingest";
+
+fn bin(names: &[&str]) -> PathBuf {
+    for name in names {
+        for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+            let p = Path::new(dir).join(name);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!("{} not found: run scripts/install-test-deps.sh", names[0]);
+}
+
+fn port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn ready(url: &str) {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for _ in 0..300 {
+        if http
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url} not ready");
+}
+
+/// The rules of rules/, with windows and holds shortened for a test's time scale.
+fn fast_rules() -> String {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/rules/stanch.rules.yml"
+    ))
+    .unwrap();
+    text.replace("[1m]", "[5s]")
+        .replace("[5m]", "[10s]")
+        .replace("for: 30s", "for: 1s")
+        .replace("for: 1m", "for: 2s")
+        .replace("keep_firing_for: 1m", "keep_firing_for: 2s")
+        .replace("keep_firing_for: 2m", "keep_firing_for: 3s")
+}
+
+/// Wall-clock milliseconds since the scenario began, for timelines.
+struct Timeline {
+    start: Instant,
+    events: std::sync::Mutex<Vec<(Duration, String)>>,
+}
+
+impl Timeline {
+    fn new() -> Timeline {
+        Timeline {
+            start: Instant::now(),
+            events: Default::default(),
+        }
+    }
+
+    fn mark(&self, what: impl Into<String>) -> Duration {
+        let at = self.start.elapsed();
+        self.events.lock().unwrap().push((at, what.into()));
+        at
+    }
+
+    fn print(&self, title: &str) {
+        eprintln!("timeline: {title}");
+        for (at, what) in self.events.lock().unwrap().iter() {
+            eprintln!("  {:>8.3}s  {what}", at.as_secs_f64());
+        }
+    }
+}
+
+struct Loop {
+    _procs: Vec<Proc>,
+    _dir: tempfile::TempDir,
+    controller: String,
+    gateways: Vec<(String, Arc<Gateway>)>,
+    mocks: Vec<(String, Mock)>,
+}
+
+async fn closed_loop() -> Loop {
+    let dir = tempfile::tempdir().unwrap();
+    let mut procs = Vec::new();
+
+    // Upstreams: qwen-72b in dc-a and dc-b, qwen-14b.
+    let mut mocks = Vec::new();
+    for (model, name) in [
+        ("qwen-72b", "dc-a"),
+        ("qwen-72b", "dc-b"),
+        ("qwen-14b", "small"),
+    ] {
+        let mock = Mock::new(MockConfig::new(model, name));
+        let base = stanch_mock::spawn(mock.clone()).await;
+        mocks.push((base, mock));
+    }
+
+    // The controller, as a process, with the default configuration.
+    let cport = port();
+    let controller = format!("http://127.0.0.1:{cport}");
+    procs.push(Proc(
+        Command::new(env!("CARGO_BIN_EXE_stanch"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{cport}"),
+                "--data-dir",
+            ])
+            .arg(dir.path().join("stanch"))
+            .env("STANCH_INGEST_TOKEN", INGEST)
+            .env_remove("STANCH_ADMIN_TOKEN")
+            .env_remove("STANCH_READ_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    ready(&format!("{controller}/readyz")).await;
+
+    // Two gateway replicas following it.
+    let gateway_yaml = format!(
+        "models:\n  qwen-72b:\n    faq: default\n    fallbacks: [qwen-14b]\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n  qwen-14b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n\
+         faq_sets:\n  default: {{default_answer: 'busy'}}\n\
+         retry: {{backoff_base: 1ms, backoff_max: 2ms, budget_min_retries: 100000}}\n\
+         blocking: {{consecutive_failures: 0}}\n",
+        mocks[0].0, mocks[1].0, mocks[2].0
+    );
+    let mut gateways = Vec::new();
+    for id in ["gw-1", "gw-2"] {
+        let config = GatewayConfig::from_yaml(&gateway_yaml).unwrap();
+        let (routes, _) = stanch_client::start(
+            stanch_client::WatchConfig::new(&controller, id),
+            Some(Gateway::validator(&config)),
+        );
+        let gw = Arc::new(Gateway::new(config, Some(routes), Arc::new(SystemClock)).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(stanch_gateway::serve(
+            listener,
+            gw.clone(),
+            std::future::pending(),
+        ));
+        gateways.push((base, gw));
+    }
+
+    // Alertmanager, notifying stanch.
+    let am_port = port();
+    let am_config = format!(
+        "route:\n  receiver: stanch\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\n  group_by: ['alertname', 'target_model', 'pool', 'endpoint']\n\
+         receivers:\n  - name: stanch\n    webhook_configs:\n      - url: '{controller}/v1/alerts/alertmanager'\n        send_resolved: true\n        http_config: {{authorization: {{type: Bearer, credentials: {INGEST}}}}}\n"
+    );
+    std::fs::write(dir.path().join("am.yml"), am_config).unwrap();
+    procs.push(Proc(
+        Command::new(bin(&["prometheus-alertmanager", "alertmanager"]))
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("am.yml").display()
+            ))
+            .arg(format!(
+                "--storage.path={}",
+                dir.path().join("am").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
+            .arg("--cluster.listen-address=")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    ready(&format!("http://127.0.0.1:{am_port}/-/ready")).await;
+
+    // Prometheus, scraping gateways and mocks every second, with the rules of rules/.
+    std::fs::write(dir.path().join("rules.yml"), fast_rules()).unwrap();
+    let targets = |urls: Vec<&str>| {
+        urls.iter()
+            .map(|u| format!("'{}'", u.trim_start_matches("http://")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let prom_port = port();
+    let prom_config = format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: ['{}']\n\
+         alerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['127.0.0.1:{am_port}']}}]\n\
+         scrape_configs:\n  - job_name: stanch-gateway\n    static_configs: [{{targets: [{}]}}]\n  - job_name: vllm\n    static_configs: [{{targets: [{}]}}]\n",
+        dir.path().join("rules.yml").display(),
+        targets(gateways.iter().map(|(b, _)| b.as_str()).collect()),
+        targets(mocks.iter().map(|(b, _)| b.as_str()).collect()),
+    );
+    std::fs::write(dir.path().join("prom.yml"), prom_config).unwrap();
+    procs.push(Proc(
+        Command::new(bin(&["prometheus"]))
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prom.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("prom").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await;
+    Loop {
+        _procs: procs,
+        _dir: dir,
+        controller,
+        gateways,
+        mocks,
+    }
+}
+
+/// Steady traffic through both gateways until dropped; counts what callers got.
+struct Traffic {
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn traffic(gateways: &[(String, Arc<Gateway>)], timeline: Arc<Timeline>) -> Traffic {
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let bases: Vec<String> = gateways.iter().map(|(b, _)| b.clone()).collect();
+    let (o, f) = (ok.clone(), failed.clone());
+    let task = tokio::spawn(async move {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        // Bounded: at most 20 minutes of requests every 20 ms.
+        for i in 0..60_000u64 {
+            let base = &bases[(i % 2) as usize];
+            let body = json!({"model": "qwen-72b", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+            match http
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+            {
+                Ok(r) if r.status().is_success() => {
+                    o.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {
+                    f.fetch_add(1, Ordering::Relaxed);
+                    timeline.mark("a caller got an error");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    Traffic { ok, failed, task }
+}
+
+/// Waits until `check` holds (up to `within`), returning when it first did.
+async fn until<F: Fn() -> bool>(within: Duration, check: F) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if check() {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+fn rung(gw: &Gateway, model: &str) -> Option<(String, String, u64)> {
+    let t = stanch_gateway::applied_table(gw)?;
+    let m = t.models.get(model)?;
+    Some((m.rung.to_string(), m.pool.clone(), t.version))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let load = traffic(&lp.gateways, timeline.clone());
+    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
+    until(Duration::from_secs(10), || {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|r| r.0 == "normal"))
+    })
+    .await
+    .expect("gateways follow the controller");
+    tokio::time::sleep(Duration::from_secs(3)).await; // Prometheus has a baseline.
+
+    lp.mocks[0]
+        .1
+        .set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+    let fault = timeline.mark("dc-a starts answering 503");
+    let moved = until(Duration::from_secs(45), || {
+        gateways.iter().all(|g| {
+            rung(g, "qwen-72b").is_some_and(|(r, pool, _)| r == "failover" && pool == "dc-b")
+        })
+    })
+    .await;
+    let both = timeline.mark("both gateways hold qwen-72b → failover, pool dc-b");
+    let history: Vec<Value> = reqwest::get(format!("{}/v1/history?model=qwen-72b", lp.controller))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    if let Some(first) = history.iter().find(|e| e["kind"] == "transition") {
+        timeline.mark(format!(
+            "controller: {}",
+            first["summary"].as_str().unwrap_or("")
+        ));
+    }
+    timeline.print("a failing datacenter");
+    assert!(moved.is_some(), "both gateways moved to dc-b");
+    eprintln!(
+        "fault → both gateways on dc-b: {:.2}s; callers: {} answered, {} errors",
+        (both - fault).as_secs_f64(),
+        load.ok.load(Ordering::Relaxed),
+        load.failed.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        load.failed.load(Ordering::Relaxed),
+        0,
+        "callers never saw the failure: gateways retried elsewhere"
+    );
+}

@@ -109,10 +109,43 @@ impl Timeline {
 
 struct Loop {
     _procs: Vec<Proc>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     controller: String,
+    controller_port: u16,
+    controller_proc: Option<Proc>,
     gateways: Vec<(String, Arc<Gateway>)>,
     mocks: Vec<(String, Mock)>,
+}
+
+/// The controller's configuration: the default layout, with windows short enough for a test.
+const CONTROLLER_CONFIG: &str = "models:
+  qwen-72b: {pools: [dc-a, dc-b], fallback: qwen-14b, faq: default}
+  qwen-14b: {pools: [dc-a], faq: default}
+ladder: {recover_after: 4s, min_dwell: 2s, lease: 2m}
+";
+
+fn start_controller(dir: &Path, port: u16) -> Proc {
+    std::fs::write(dir.join("stanch.yaml"), CONTROLLER_CONFIG).unwrap();
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_stanch"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--config",
+            ])
+            .arg(dir.join("stanch.yaml"))
+            .arg("--data-dir")
+            .arg(dir.join("stanch"))
+            .env("STANCH_INGEST_TOKEN", INGEST)
+            .env_remove("STANCH_ADMIN_TOKEN")
+            .env_remove("STANCH_READ_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 async fn closed_loop() -> Loop {
@@ -131,33 +164,17 @@ async fn closed_loop() -> Loop {
         mocks.push((base, mock));
     }
 
-    // The controller, as a process, with the default configuration.
+    // The controller, as a process.
     let cport = port();
     let controller = format!("http://127.0.0.1:{cport}");
-    procs.push(Proc(
-        Command::new(env!("CARGO_BIN_EXE_stanch"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{cport}"),
-                "--data-dir",
-            ])
-            .arg(dir.path().join("stanch"))
-            .env("STANCH_INGEST_TOKEN", INGEST)
-            .env_remove("STANCH_ADMIN_TOKEN")
-            .env_remove("STANCH_READ_TOKEN")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+    let controller_proc = start_controller(dir.path(), cport);
     ready(&format!("{controller}/readyz")).await;
 
     // Two gateway replicas following it.
     let gateway_yaml = format!(
         "models:\n  qwen-72b:\n    faq: default\n    fallbacks: [qwen-14b]\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n  qwen-14b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n\
-         faq_sets:\n  default: {{default_answer: 'busy'}}\n\
+         faq_sets:\n  default: {{default_answer: 'We are busy; please try again shortly.'}}\n\
+         tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n\
          retry: {{backoff_base: 1ms, backoff_max: 2ms, budget_min_retries: 100000}}\n\
          blocking: {{consecutive_failures: 0}}\n",
         mocks[0].0, mocks[1].0, mocks[2].0
@@ -243,8 +260,10 @@ async fn closed_loop() -> Loop {
     ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await;
     Loop {
         _procs: procs,
-        _dir: dir,
+        dir,
         controller,
+        controller_port: cport,
+        controller_proc: Some(controller_proc),
         gateways,
         mocks,
     }
@@ -366,5 +385,186 @@ async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
         load.failed.load(Ordering::Relaxed),
         0,
         "callers never saw the failure: gateways retried elsewhere"
+    );
+}
+
+async fn chat_as(base: &str, key: &str) -> (u16, Value, reqwest::header::HeaderMap) {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = json!({"model": "qwen-72b", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let r = http
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let (status, headers) = (r.status().as_u16(), r.headers().clone());
+    (status, r.json().await.unwrap_or_default(), headers)
+}
+
+async fn put(url: &str, body: &str) {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    assert!(
+        http.put(url)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_kv_cache_degrades_non_vip_callers_only() {
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
+    until(Duration::from_secs(10), || {
+        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
+    })
+    .await
+    .expect("following");
+    put(
+        &format!("{}/admin/kv-cache", lp.mocks[0].0),
+        r#"{"value": 0.98}"#,
+    )
+    .await;
+    let saturated = timeline.mark("dc-a's KV cache at 98 %");
+    let degraded = until(Duration::from_secs(30), || {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|(r, _, _)| r == "degraded"))
+    })
+    .await;
+    let at = timeline.mark("both gateways hold qwen-72b → degraded (alias qwen-14b)");
+    timeline.print("a saturated KV cache");
+    assert!(degraded.is_some(), "degraded");
+    eprintln!(
+        "saturation → both gateways degraded: {:.2}s",
+        (at - saturated).as_secs_f64()
+    );
+    for (base, _) in &lp.gateways {
+        let (status, body, headers) = chat_as(base, "acme-key").await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            body["model"], "qwen-14b",
+            "non-VIP callers get the smaller model"
+        );
+        assert_eq!(headers["x-llm-degraded"], "true");
+        let (status, body, headers) = chat_as(base, "vip-key").await;
+        assert_eq!(status, 200);
+        assert_eq!(body["model"], "qwen-72b", "VIP callers keep the model");
+        assert!(headers.get("x-llm-degraded").is_none());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_everything_fails_callers_get_faq_answers_never_a_5xx() {
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
+    until(Duration::from_secs(10), || {
+        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
+    })
+    .await
+    .expect("following");
+    let load = traffic(&lp.gateways, timeline.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (_, mock) in &lp.mocks {
+        mock.set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+    }
+    timeline.mark("every upstream answers 503");
+    let fell_back = until(Duration::from_secs(40), || {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|(r, _, _)| r == "static"))
+    })
+    .await;
+    timeline.mark("both gateways hold qwen-72b → static");
+    timeline.print("everything failing");
+    assert!(fell_back.is_some(), "the controller chose the static rung");
+    for (base, _) in &lp.gateways {
+        let (status, body, headers) = chat_as(base, "vip-key").await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["x-llm-degraded"], "static");
+        assert!(
+            body["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .contains("busy")
+        );
+    }
+    assert_eq!(
+        load.failed.load(Ordering::Relaxed),
+        0,
+        "never a 5xx: FAQ answers throughout"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_controller_leaves_gateways_serving_and_resumes_its_state() {
+    let mut lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
+    until(Duration::from_secs(10), || {
+        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
+    })
+    .await
+    .expect("following");
+    let load = traffic(&lp.gateways, timeline.clone());
+    lp.mocks[0]
+        .1
+        .set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+    timeline.mark("dc-a starts answering 503");
+    until(Duration::from_secs(30), || {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|r| r.0 == "failover"))
+    })
+    .await
+    .expect("failed over");
+    let before = rung(&gateways[0], "qwen-72b").unwrap();
+    let routes_before: Value = reqwest::get(format!("{}/v1/routes", lp.controller))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    timeline.mark(format!("mid-incident at version {}", before.2));
+
+    drop(lp.controller_proc.take()); // SIGKILL
+    timeline.mark("controller killed with SIGKILL");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for g in &gateways {
+        assert_eq!(
+            rung(g, "qwen-72b").unwrap().0,
+            "failover",
+            "gateways keep the last table"
+        );
+    }
+    lp.controller_proc = Some(start_controller(lp.dir.path(), lp.controller_port));
+    ready(&format!("{}/readyz", lp.controller)).await;
+    timeline.mark("controller restarted");
+    let routes_after: Value = reqwest::get(format!("{}/v1/routes", lp.controller))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    timeline.print("a killed controller");
+    assert_eq!(routes_after["epoch"], routes_before["epoch"], "same epoch");
+    assert!(
+        routes_after["version"].as_u64() >= routes_before["version"].as_u64(),
+        "versions continue"
+    );
+    assert_eq!(
+        routes_after["models"]["qwen-72b"]["rung"], "failover",
+        "the incident's state resumed"
+    );
+    assert_eq!(
+        load.failed.load(Ordering::Relaxed),
+        0,
+        "callers never noticed"
     );
 }

@@ -568,3 +568,87 @@ async fn a_killed_controller_leaves_gateways_serving_and_resumes_its_state() {
         "callers never noticed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
+    until(Duration::from_secs(10), || {
+        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
+    })
+    .await
+    .expect("following");
+    let _load = traffic(&lp.gateways, timeline.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (_, mock) in &lp.mocks {
+        mock.set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+    }
+    timeline.mark("every upstream answers 503");
+    until(Duration::from_secs(40), || {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|r| r.0 == "static"))
+    })
+    .await
+    .expect("static");
+    timeline.mark("static");
+    for (_, mock) in &lp.mocks {
+        mock.set_fault(serde_json::from_value(json!({"kind": "none"})).unwrap());
+    }
+    let cleared = timeline.mark("faults cleared");
+    let recovered = until(Duration::from_secs(60), || {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|r| r.0 == "normal"))
+    })
+    .await;
+    timeline.mark("both gateways back to normal");
+    let history: Vec<Value> = reqwest::get(format!(
+        "{}/v1/history?model=qwen-72b&limit=1000",
+        lp.controller
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let moves: Vec<(String, String, String)> = history
+        .iter()
+        .filter(|e| e["kind"] == "transition")
+        .map(|e| {
+            let d = &e["detail"];
+            (
+                d["from"].as_str().unwrap_or("").to_owned(),
+                d["to"].as_str().unwrap_or("").to_owned(),
+                e["at"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    for (from, to, at) in &moves {
+        timeline.mark(format!("controller at {at}: {from} -> {to}"));
+    }
+    timeline.print("recovery");
+    assert!(
+        recovered.is_some(),
+        "recovered; {:.1}s after clearing",
+        (timeline.start.elapsed() - cleared).as_secs_f64()
+    );
+    let last_static = moves
+        .iter()
+        .rposition(|(_, to, _)| to == "static")
+        .expect("went static");
+    let down: Vec<(&str, &str)> = moves[last_static + 1..]
+        .iter()
+        .map(|(f, t, _)| (f.as_str(), t.as_str()))
+        .collect();
+    assert_eq!(
+        down,
+        [
+            ("static", "degraded"),
+            ("degraded", "failover"),
+            ("failover", "normal")
+        ],
+        "one rung at a time, and never back up (no flapping)"
+    );
+}

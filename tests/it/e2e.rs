@@ -121,7 +121,11 @@ struct Loop {
 const CONTROLLER_CONFIG: &str = "models:
   qwen-72b: {pools: [dc-a, dc-b], fallback: qwen-14b, faq: default}
   qwen-14b: {pools: [dc-a], faq: default}
-ladder: {recover_after: 4s, min_dwell: 2s, lease: 2m}
+ladder:
+  recover_after: 4s
+  min_dwell: 2s
+  lease: 2m
+  flap: {max_transitions: 2, window: 1m, hold: 1m}
 ";
 
 fn start_controller(dir: &Path, port: u16) -> Proc {
@@ -650,5 +654,93 @@ async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
             ("failover", "normal")
         ],
         "one rung at a time, and never back up (no flapping)"
+    );
+}
+
+/// dc-a fails for 3 s and works for 2 s, over and over: faster than the stabilization
+/// window. The system settles instead of bouncing: after at most one round trip the
+/// endpoint-error rule has soft-blocked dc-a's endpoint for every gateway, traffic stays
+/// on dc-b, and nothing moves for the rest of the flapping. (When traffic does keep
+/// reaching the flapping pool, the flap guard pins the model: engine scenario
+/// `flap_guard_pins`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_fault_settles_instead_of_bouncing() {
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
+    until(Duration::from_secs(10), || {
+        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
+    })
+    .await
+    .expect("following");
+    let load = traffic(&lp.gateways, timeline.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mock = lp.mocks[0].1.clone();
+    let flapper = {
+        let timeline = timeline.clone();
+        tokio::spawn(async move {
+            for cycle in 0..7 {
+                mock.set_fault(
+                    serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap(),
+                );
+                timeline.mark(format!("cycle {cycle}: dc-a fails for 3 s"));
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                mock.set_fault(serde_json::from_value(json!({"kind": "none"})).unwrap());
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
+    // Where gw-1 sends qwen-72b, sampled every 100 ms through the flapping.
+    let route = |g: &Gateway| {
+        let t = stanch_gateway::applied_table(g).unwrap();
+        let m = &t.models["qwen-72b"];
+        let dc_a_blocked = t.blocked.iter().any(|b| b.endpoint == lp.mocks[0].0);
+        (m.rung.to_string(), m.pool.clone(), dc_a_blocked)
+    };
+    let mut samples = Vec::new();
+    for _ in 0..330 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        samples.push(route(&gateways[0]));
+    }
+    flapper.abort();
+    let changes: Vec<usize> = (1..samples.len())
+        .filter(|i| samples[*i] != samples[i - 1])
+        .collect();
+    let history: Vec<Value> = reqwest::get(format!("{}/v1/history?limit=1000", lp.controller))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for e in history.iter().filter(|e| {
+        ["transition", "blocked", "flap_pinned"].contains(&e["kind"].as_str().unwrap_or(""))
+    }) {
+        timeline.mark(format!(
+            "controller at {}: {}",
+            e["at"].as_str().unwrap_or(""),
+            e["summary"].as_str().unwrap_or("")
+        ));
+    }
+    timeline.print("a flapping fault");
+    let transitions = history.iter().filter(|e| e["kind"] == "transition").count();
+    assert!(
+        transitions <= 2,
+        "at most one round trip: {transitions} transitions"
+    );
+    assert!(
+        samples.last().unwrap().2,
+        "dc-a's endpoint is blocked for every gateway"
+    );
+    assert!(
+        changes.last().is_none_or(|i| *i < samples.len() - 100),
+        "nothing moved in the last 10 s of flapping"
+    );
+    for g in &gateways {
+        assert_eq!(route(g), *samples.last().unwrap(), "both replicas agree");
+    }
+    assert_eq!(
+        load.failed.load(Ordering::Relaxed),
+        0,
+        "callers never saw the flapping"
     );
 }

@@ -115,6 +115,7 @@ struct Loop {
     controller_proc: Option<Proc>,
     gateways: Vec<(String, Arc<Gateway>)>,
     mocks: Vec<(String, Mock)>,
+    prometheus: String,
 }
 
 /// The controller's configuration: the default layout, with windows short enough for a test.
@@ -153,6 +154,10 @@ fn start_controller(dir: &Path, port: u16) -> Proc {
 }
 
 async fn closed_loop() -> Loop {
+    closed_loop_with(fast_rules()).await
+}
+
+async fn closed_loop_with(rules: String) -> Loop {
     let dir = tempfile::tempdir().unwrap();
     let mut procs = Vec::new();
 
@@ -228,7 +233,7 @@ async fn closed_loop() -> Loop {
     ready(&format!("http://127.0.0.1:{am_port}/-/ready")).await;
 
     // Prometheus, scraping gateways and mocks every second, with the rules of rules/.
-    std::fs::write(dir.path().join("rules.yml"), fast_rules()).unwrap();
+    std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
     let targets = |urls: Vec<&str>| {
         urls.iter()
             .map(|u| format!("'{}'", u.trim_start_matches("http://")))
@@ -270,6 +275,7 @@ async fn closed_loop() -> Loop {
         controller_proc: Some(controller_proc),
         gateways,
         mocks,
+        prometheus: format!("http://127.0.0.1:{prom_port}"),
     }
 }
 
@@ -743,4 +749,108 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
         0,
         "callers never saw the flapping"
     );
+}
+
+/// The time-to-heal benchmark (docs/benchmarks.md): scrape and evaluation every 1 s,
+/// `for: 0s`, `group_wait: 0s`. Prints the split; asserts only that healing happened.
+/// Run: `cargo test -p stanch --test it time_to_heal -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: prints numbers"]
+async fn time_to_heal() {
+    use stanch_api::Timestamp;
+    use stanch_api::clock::Clock;
+    // 1 s scrapes: a 3 s rate window holds 3 to 4 samples, as the rules' 1m window does at
+    // a 15 s scrape interval.
+    let zero_for = regex_free_replace_for(&fast_rules().replace("[5s]", "[3s]"));
+    let mut rows = Vec::new();
+    for run in 0..3 {
+        let lp = closed_loop_with(zero_for.clone()).await;
+        let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
+        until(Duration::from_secs(10), || {
+            gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
+        })
+        .await
+        .expect("following");
+        let _load = traffic(&lp.gateways, Arc::new(Timeline::new()));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        lp.mocks[0]
+            .1
+            .set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+        let fault = SystemClock.now();
+        // Polled every millisecond: this is what propagation is measured with.
+        let mut healed = None;
+        for i in 0..30_000 {
+            if gateways
+                .iter()
+                .all(|g| rung(g, "qwen-72b").is_some_and(|(r, _, _)| r == "failover"))
+            {
+                healed = Some(i);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let applied = SystemClock.now();
+        assert!(healed.is_some(), "run {run}: healed");
+        let alerts: Value = reqwest::get(format!("{}/api/v1/alerts", lp.prometheus))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let active_at = alerts["data"]["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == "StanchPoolFailing")
+            .filter_map(|a| Timestamp::parse_rfc3339(a["activeAt"].as_str()?).ok())
+            .min()
+            .expect("Prometheus lists the alert");
+        let history: Vec<Value> = reqwest::get(format!("{}/v1/history?limit=1000", lp.controller))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let at = |kind: &str, text: &str| {
+            history
+                .iter()
+                .find(|e| e["kind"] == kind && e["summary"].as_str().unwrap_or("").contains(text))
+                .and_then(|e| Timestamp::parse_rfc3339(e["at"].as_str()?).ok())
+                .expect(kind)
+        };
+        let received = at("alert_active", "StanchPoolFailing");
+        let decided = at("transition", "normal -> failover");
+        let ms = |a: Timestamp, b: Timestamp| b.as_millis() - a.as_millis();
+        rows.push((
+            ms(fault, active_at),
+            ms(active_at, received),
+            ms(received, decided),
+            ms(decided, applied),
+            ms(fault, applied),
+            ms(received, applied),
+        ));
+    }
+    eprintln!(
+        "time to heal, 3 runs (ms): detection (fault → Prometheus alert active), notification (→ stanch received), decision (→ published), propagation (→ both gateways applied), total; stanch's own part (received → both applied)"
+    );
+    for (d, n, dec, p, total, own) in &rows {
+        eprintln!(
+            "  detection {d:>5}  notification {n:>5}  decision {dec:>3}  propagation {p:>4}  total {total:>5}  stanch {own:>4}"
+        );
+    }
+}
+
+/// The rules with every `for:` at 0s.
+fn regex_free_replace_for(rules: &str) -> String {
+    rules
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("for: ") {
+                format!("{}for: 0s", &l[..l.len() - l.trim_start().len()])
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

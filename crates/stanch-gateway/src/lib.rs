@@ -178,6 +178,15 @@ impl Gateway {
                     outcome: "success",
                 })
                 .clone();
+            // Every outcome's series exists from the start, at zero.
+            for outcome in outcome::LABELS {
+                let _ = metrics.attempts.get_or_create(&AttemptLabels {
+                    model: e.model.clone(),
+                    pool: e.pool.clone(),
+                    endpoint: e.url.clone(),
+                    outcome,
+                });
+            }
             let _ = e.hot.set(endpoints::HotCounters {
                 requests_ok,
                 attempts_ok,

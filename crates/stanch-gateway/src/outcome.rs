@@ -34,6 +34,23 @@ pub enum Outcome {
     ContextTooLong,
 }
 
+/// Every outcome label, so that counters can start at zero: a series that exists before
+/// the first failure lets `rate()` see that failure on the very next scrape.
+pub const LABELS: [&str; 12] = [
+    "success",
+    "rate_limited",
+    "quota",
+    "server_error",
+    "upstream_auth",
+    "connect_error",
+    "no_headers",
+    "first_token_timeout",
+    "stalled",
+    "truncated",
+    "caller_fault",
+    "context_too_long",
+];
+
 impl Outcome {
     /// Counts against the endpoint for passive blocking.
     pub fn is_endpoint_failure(&self) -> bool {
@@ -133,6 +150,16 @@ mod tests {
         assert!(Outcome::UpstreamAuth(401).is_endpoint_failure());
         assert!(Outcome::FirstTokenTimeout.excludes_endpoint());
         assert_eq!(retry_after(Some("3")), Some(Duration::from_secs(3)));
+        for o in [
+            Outcome::Success,
+            Outcome::Quota,
+            Outcome::ServerError(500),
+            Outcome::Connect,
+            Outcome::Stalled,
+            Outcome::Truncated,
+        ] {
+            assert!(LABELS.contains(&o.label()), "{}", o.label());
+        }
         assert_eq!(retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")), None);
     }
 }

@@ -1,6 +1,7 @@
 //! The `stanch` binary: arguments, logging, wiring. Behaviour lives in the crates.
 
 mod ctl;
+mod demo;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,12 @@ enum Cmd {
     },
     /// Inspect and override a running controller.
     Ctl(ctl::CtlArgs),
+    /// Watch stanch heal a simulated outage: everything in one process, on loopback.
+    Demo {
+        /// How long to run (the script needs about 60 s).
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -88,6 +95,25 @@ fn main() -> ExitCode {
         Cmd::CheckConfig { file } => check_config(&file),
         Cmd::Serve(args) => serve(args),
         Cmd::Ctl(args) => ctl::run(args),
+        Cmd::Demo { seconds } => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(demo::run(seconds)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("demo: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 

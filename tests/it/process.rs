@@ -208,3 +208,38 @@ fn serves_tls_when_given_a_certificate() {
         "plain HTTP is not served"
     );
 }
+
+#[test]
+fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
+    let out = Command::new(env!("CARGO_BIN_EXE_stanch"))
+        .args(["demo", "--seconds", "9"])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(">>> datacenter dc-a starts failing"),
+        "{text}"
+    );
+    assert!(
+        text.contains("stanch decided: qwen-72b: normal -> failover (pool dc-b)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the demo sends stanch the alerts Alertmanager would send"),
+        "says what it simulates"
+    );
+    assert!(
+        !text.contains(" 1 errors")
+            && !text
+                .lines()
+                .any(|l| l.contains("errors") && !l.contains(" 0 errors") && l.starts_with('[')),
+        "callers saw no errors:\n{text}"
+    );
+    assert!(text.contains("done: every demo process stopped"));
+}

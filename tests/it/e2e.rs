@@ -279,6 +279,34 @@ async fn closed_loop_with(rules: String) -> Loop {
     }
 }
 
+impl Loop {
+    /// The gateways, once both have applied a table from the controller.
+    async fn following(&self) -> Vec<Arc<Gateway>> {
+        let gateways: Vec<Arc<Gateway>> = self.gateways.iter().map(|(_, g)| g.clone()).collect();
+        until(Duration::from_secs(10), || {
+            gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
+        })
+        .await
+        .expect("gateways follow the controller");
+        gateways
+    }
+
+    /// The controller's audit history, with a query string.
+    async fn history(&self, query: &str) -> Vec<Value> {
+        reqwest::get(format!("{}/v1/history?{query}", self.controller))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+/// Switches a mock's fault (`{"kind": "none"}` heals it).
+fn set_fault(mock: &Mock, spec: Value) {
+    mock.set_fault(serde_json::from_value(spec).expect("a fault spec"));
+}
+
 /// Steady traffic through both gateways until dropped; counts what callers got.
 struct Traffic {
     ok: Arc<AtomicU64>,
@@ -350,19 +378,10 @@ async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
     let lp = closed_loop().await;
     let timeline = Arc::new(Timeline::new());
     let load = traffic(&lp.gateways, timeline.clone());
-    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
-    until(Duration::from_secs(10), || {
-        gateways
-            .iter()
-            .all(|g| rung(g, "qwen-72b").is_some_and(|r| r.0 == "normal"))
-    })
-    .await
-    .expect("gateways follow the controller");
+    let gateways = lp.following().await;
     tokio::time::sleep(Duration::from_secs(3)).await; // Prometheus has a baseline.
 
-    lp.mocks[0]
-        .1
-        .set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+    set_fault(&lp.mocks[0].1, json!({"kind": "status", "status": 503}));
     let fault = timeline.mark("dc-a starts answering 503");
     let moved = until(Duration::from_secs(45), || {
         gateways.iter().all(|g| {
@@ -371,12 +390,7 @@ async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
     })
     .await;
     let both = timeline.mark("both gateways hold qwen-72b → failover, pool dc-b");
-    let history: Vec<Value> = reqwest::get(format!("{}/v1/history?model=qwen-72b", lp.controller))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history: Vec<Value> = lp.history("model=qwen-72b").await;
     if let Some(first) = history.iter().find(|e| e["kind"] == "transition") {
         timeline.mark(format!(
             "controller: {}",
@@ -429,12 +443,7 @@ async fn put(url: &str, body: &str) {
 async fn a_saturated_kv_cache_degrades_non_vip_callers_only() {
     let lp = closed_loop().await;
     let timeline = Arc::new(Timeline::new());
-    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
-    until(Duration::from_secs(10), || {
-        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
-    })
-    .await
-    .expect("following");
+    let gateways = lp.following().await;
     put(
         &format!("{}/admin/kv-cache", lp.mocks[0].0),
         r#"{"value": 0.98}"#,
@@ -473,16 +482,11 @@ async fn a_saturated_kv_cache_degrades_non_vip_callers_only() {
 async fn when_everything_fails_callers_get_faq_answers_never_a_5xx() {
     let lp = closed_loop().await;
     let timeline = Arc::new(Timeline::new());
-    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
-    until(Duration::from_secs(10), || {
-        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
-    })
-    .await
-    .expect("following");
+    let gateways = lp.following().await;
     let load = traffic(&lp.gateways, timeline.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (_, mock) in &lp.mocks {
-        mock.set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+        set_fault(mock, json!({"kind": "status", "status": 503}));
     }
     timeline.mark("every upstream answers 503");
     let fell_back = until(Duration::from_secs(40), || {
@@ -516,16 +520,9 @@ async fn when_everything_fails_callers_get_faq_answers_never_a_5xx() {
 async fn a_killed_controller_leaves_gateways_serving_and_resumes_its_state() {
     let mut lp = closed_loop().await;
     let timeline = Arc::new(Timeline::new());
-    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
-    until(Duration::from_secs(10), || {
-        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
-    })
-    .await
-    .expect("following");
+    let gateways = lp.following().await;
     let load = traffic(&lp.gateways, timeline.clone());
-    lp.mocks[0]
-        .1
-        .set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+    set_fault(&lp.mocks[0].1, json!({"kind": "status", "status": 503}));
     timeline.mark("dc-a starts answering 503");
     until(Duration::from_secs(30), || {
         gateways
@@ -583,16 +580,11 @@ async fn a_killed_controller_leaves_gateways_serving_and_resumes_its_state() {
 async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
     let lp = closed_loop().await;
     let timeline = Arc::new(Timeline::new());
-    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
-    until(Duration::from_secs(10), || {
-        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
-    })
-    .await
-    .expect("following");
+    let gateways = lp.following().await;
     let _load = traffic(&lp.gateways, timeline.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     for (_, mock) in &lp.mocks {
-        mock.set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+        set_fault(mock, json!({"kind": "status", "status": 503}));
     }
     timeline.mark("every upstream answers 503");
     until(Duration::from_secs(40), || {
@@ -604,7 +596,7 @@ async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
     .expect("static");
     timeline.mark("static");
     for (_, mock) in &lp.mocks {
-        mock.set_fault(serde_json::from_value(json!({"kind": "none"})).unwrap());
+        set_fault(mock, json!({"kind": "none"}));
     }
     let cleared = timeline.mark("faults cleared");
     let recovered = until(Duration::from_secs(60), || {
@@ -614,15 +606,7 @@ async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
     })
     .await;
     timeline.mark("both gateways back to normal");
-    let history: Vec<Value> = reqwest::get(format!(
-        "{}/v1/history?model=qwen-72b&limit=1000",
-        lp.controller
-    ))
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    let history: Vec<Value> = lp.history("model=qwen-72b&limit=1000").await;
     let moves: Vec<(String, String, String)> = history
         .iter()
         .filter(|e| e["kind"] == "transition")
@@ -673,12 +657,7 @@ async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
 async fn a_flapping_fault_settles_instead_of_bouncing() {
     let lp = closed_loop().await;
     let timeline = Arc::new(Timeline::new());
-    let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
-    until(Duration::from_secs(10), || {
-        gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
-    })
-    .await
-    .expect("following");
+    let gateways = lp.following().await;
     let load = traffic(&lp.gateways, timeline.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mock = lp.mocks[0].1.clone();
@@ -686,12 +665,10 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
         let timeline = timeline.clone();
         tokio::spawn(async move {
             for cycle in 0..7 {
-                mock.set_fault(
-                    serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap(),
-                );
+                set_fault(&mock, json!({"kind": "status", "status": 503}));
                 timeline.mark(format!("cycle {cycle}: dc-a fails for 3 s"));
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                mock.set_fault(serde_json::from_value(json!({"kind": "none"})).unwrap());
+                set_fault(&mock, json!({"kind": "none"}));
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         })
@@ -712,12 +689,7 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
     let changes: Vec<usize> = (1..samples.len())
         .filter(|i| samples[*i] != samples[i - 1])
         .collect();
-    let history: Vec<Value> = reqwest::get(format!("{}/v1/history?limit=1000", lp.controller))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history: Vec<Value> = lp.history("limit=1000").await;
     for e in history.iter().filter(|e| {
         ["transition", "blocked", "flap_pinned"].contains(&e["kind"].as_str().unwrap_or(""))
     }) {
@@ -765,17 +737,10 @@ async fn time_to_heal() {
     let mut rows = Vec::new();
     for run in 0..3 {
         let lp = closed_loop_with(zero_for.clone()).await;
-        let gateways: Vec<Arc<Gateway>> = lp.gateways.iter().map(|(_, g)| g.clone()).collect();
-        until(Duration::from_secs(10), || {
-            gateways.iter().all(|g| rung(g, "qwen-72b").is_some())
-        })
-        .await
-        .expect("following");
+        let gateways = lp.following().await;
         let _load = traffic(&lp.gateways, Arc::new(Timeline::new()));
         tokio::time::sleep(Duration::from_secs(4)).await;
-        lp.mocks[0]
-            .1
-            .set_fault(serde_json::from_value(json!({"kind": "status", "status": 503})).unwrap());
+        set_fault(&lp.mocks[0].1, json!({"kind": "status", "status": 503}));
         let fault = SystemClock.now();
         // Polled every millisecond: this is what propagation is measured with.
         let mut healed = None;
@@ -805,12 +770,7 @@ async fn time_to_heal() {
             .filter_map(|a| Timestamp::parse_rfc3339(a["activeAt"].as_str()?).ok())
             .min()
             .expect("Prometheus lists the alert");
-        let history: Vec<Value> = reqwest::get(format!("{}/v1/history?limit=1000", lp.controller))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let history: Vec<Value> = lp.history("limit=1000").await;
         let at = |kind: &str, text: &str| {
             history
                 .iter()

@@ -814,3 +814,84 @@ fn regex_free_replace_for(rules: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// Only gw-1 carries traffic, so only gw-1 sees dc-a's endpoint fail; both replicas
+/// report outcomes to the controller, which blocks the endpoint for the fleet: gw-2 gets
+/// the block without ever having sent the endpoint a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_one_replica_saw_failing_is_blocked_on_both() {
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let gateways = lp.following().await;
+    for (i, g) in gateways.iter().enumerate() {
+        let id = format!("gw-{}", i + 1);
+        let token = Some(secrecy::SecretString::from(INGEST.to_owned()));
+        tokio::spawn(stanch_gateway::report_loop(
+            g.clone(),
+            lp.controller.clone(),
+            token,
+            id,
+            Duration::from_millis(500),
+        ));
+    }
+    // Traffic through gw-1 only.
+    let only_gw1 = vec![lp.gateways[0].clone(), lp.gateways[0].clone()];
+    let load = traffic(&only_gw1, timeline.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let bad = lp.mocks[0].0.clone();
+    set_fault(&lp.mocks[0].1, json!({"kind": "status", "status": 503}));
+    let fault = timeline.mark(format!(
+        "dc-a's endpoint {bad} starts answering 503; only gw-1 has traffic"
+    ));
+    let blocked_on = |g: &Gateway| {
+        stanch_gateway::applied_table(g)
+            .is_some_and(|t| t.blocked.iter().any(|b| b.endpoint == bad))
+    };
+    let both = until(Duration::from_secs(30), || {
+        gateways.iter().all(|g| blocked_on(g))
+    })
+    .await;
+    let at = timeline.mark("both gateways hold the block");
+    for e in lp
+        .history("limit=1000")
+        .await
+        .iter()
+        .filter(|e| e["kind"] == "blocked")
+    {
+        timeline.mark(format!(
+            "controller: {}",
+            e["summary"].as_str().unwrap_or("")
+        ));
+    }
+    timeline.print("an endpoint failing on one replica");
+    assert!(both.is_some(), "the block reached both replicas");
+    eprintln!(
+        "fault → blocked on both replicas: {:.2}s",
+        (at - fault).as_secs_f64()
+    );
+    let gw2: Value = reqwest::get(format!("{}/v1/status", lp.gateways[1].0))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let seen_by_gw2 = gw2["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["url"] == bad.as_str())
+        .unwrap();
+    assert_eq!(
+        seen_by_gw2["failures"], 0,
+        "gw-2 never saw the endpoint fail"
+    );
+    assert!(
+        !seen_by_gw2["table_blocked_until"].is_null(),
+        "yet it holds the block"
+    );
+    assert_eq!(
+        load.failed.load(Ordering::Relaxed),
+        0,
+        "callers never saw the failure"
+    );
+}

@@ -3,9 +3,11 @@
 //! steady traffic flows; a datacenter fails, a KV cache saturates, and everything
 //! recovers. Each second shows what callers got and what stanch decided.
 //!
-//! Prometheus and Alertmanager are not started: the demo sends stanch the same alert
-//! payloads Alertmanager would, and says so. Everything runs in this process, so
-//! Ctrl-C (or the end) stops all of it.
+//! When Prometheus and Alertmanager are installed, the demo starts them with stanch's
+//! own rules (windows shortened to seconds) and the alerts are real; otherwise, or with
+//! `--simulate-alerts`, it sends stanch the payloads Alertmanager would, and says so.
+//! Everything else runs in this process; the two servers are its children and are
+//! stopped with it, Ctrl-C included.
 #![expect(clippy::print_stdout, reason = "a demo prints what happens")]
 
 use std::collections::BTreeMap;
@@ -31,6 +33,137 @@ const CONTROLLER: &str = "models:
 ladder: {recover_after: 8s, min_dwell: 4s, lease: 2m}
 ";
 
+/// Prometheus and Alertmanager, started for the demo and stopped with it.
+struct Monitoring {
+    children: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+    prometheus: String,
+}
+
+impl Drop for Monitoring {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn find(names: &[&str]) -> Option<std::path::PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    names
+        .iter()
+        .flat_map(|n| {
+            path.split(':')
+                .map(move |d| std::path::Path::new(d).join(n))
+        })
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        if http
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("{url} did not become ready")
+}
+
+impl Monitoring {
+    /// Starts both when installed; `None` when either is missing.
+    async fn start(
+        http: &reqwest::Client,
+        stanch: &str,
+        scrape: &[&str],
+    ) -> anyhow::Result<Option<Monitoring>> {
+        let (Some(prometheus), Some(alertmanager)) = (
+            find(&["prometheus"]),
+            find(&["prometheus-alertmanager", "alertmanager"]),
+        ) else {
+            return Ok(None);
+        };
+        let dir = tempfile::tempdir()?;
+        let d = dir.path();
+        // stanch's rules, on a demo's time scale: seconds instead of minutes.
+        let rules: String = include_str!("../rules/stanch.rules.yml")
+            .replace("[1m]", "[5s]")
+            .lines()
+            .map(|l| match l.trim_start() {
+                t if t.starts_with("for: ") || t.starts_with("keep_firing_for: ") => {
+                    let key = t.split(':').next().unwrap_or("for");
+                    format!("{}{key}: 2s", &l[..l.len() - t.len()])
+                }
+                _ => l.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(d.join("rules.yml"), rules)?;
+        let (am_port, prom_port) = (free_port()?, free_port()?);
+        std::fs::write(
+            d.join("am.yml"),
+            format!(
+                "route: {{receiver: stanch, group_wait: 0s, group_interval: 1s, repeat_interval: 1h, group_by: [alertname, target_model, pool]}}\n\
+                 receivers: [{{name: stanch, webhook_configs: [{{url: '{stanch}/v1/alerts/alertmanager', send_resolved: true}}]}}]\n"
+            ),
+        )?;
+        let targets = scrape
+            .iter()
+            .map(|u| format!("'{}'", u.trim_start_matches("http://")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        std::fs::write(
+            d.join("prom.yml"),
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: ['{}']\n\
+                 alerting: {{alertmanagers: [{{static_configs: [{{targets: ['127.0.0.1:{am_port}']}}]}}]}}\n\
+                 scrape_configs: [{{job_name: demo, static_configs: [{{targets: [{targets}]}}]}}]\n",
+                d.join("rules.yml").display()
+            ),
+        )?;
+        let quiet = || std::process::Stdio::null();
+        let mut children = Vec::new();
+        children.push(
+            std::process::Command::new(alertmanager)
+                .arg(format!("--config.file={}", d.join("am.yml").display()))
+                .arg(format!("--storage.path={}", d.join("am").display()))
+                .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
+                .arg("--cluster.listen-address=")
+                .stdout(quiet())
+                .stderr(quiet())
+                .spawn()?,
+        );
+        children.push(
+            std::process::Command::new(prometheus)
+                .arg(format!("--config.file={}", d.join("prom.yml").display()))
+                .arg(format!("--storage.tsdb.path={}", d.join("prom").display()))
+                .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+                .stdout(quiet())
+                .stderr(quiet())
+                .spawn()?,
+        );
+        let monitoring = Monitoring {
+            children,
+            _dir: dir,
+            prometheus: format!("http://127.0.0.1:{prom_port}"),
+        };
+        wait_ready(http, &format!("http://127.0.0.1:{am_port}/-/ready")).await?;
+        wait_ready(http, &format!("{}/-/ready", monitoring.prometheus)).await?;
+        Ok(Some(monitoring))
+    }
+}
+
 /// What callers got in the last second.
 #[derive(Default)]
 struct Window {
@@ -51,8 +184,8 @@ fn alert(status: &str, labels: Value, starts: &str) -> Value {
            "alerts": [{"status": status, "labels": labels, "annotations": {}, "startsAt": starts, "endsAt": ends}]})
 }
 
-/// Runs the demo for `seconds` (the script needs about 60).
-pub async fn run(seconds: u64) -> anyhow::Result<()> {
+/// Runs the demo for `seconds` (the script needs about 70).
+pub async fn run(seconds: u64, simulate_alerts: bool) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(10))
@@ -93,9 +226,13 @@ pub async fn run(seconds: u64) -> anyhow::Result<()> {
     let yaml = format!(
         "models:\n  qwen-72b:\n    faq: default\n    fallbacks: [qwen-14b]\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n  qwen-14b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n\
          faq_sets:\n  default: {{default_answer: 'We are busy right now; please try again shortly.'}}\n\
-         tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n",
+         tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n\
+         blocking: {{consecutive_failures: 0}}\n",
         mocks[0].0, mocks[1].0, mocks[2].0
     );
+    // The gateway's own passive blocking is off here: it would block dc-a after five
+    // failures and starve Prometheus of the evidence the pool alert needs (a known
+    // interplay, docs/alerting.md). Retries still keep callers whole.
     let config = GatewayConfig::from_yaml(&yaml).context("demo gateway configuration")?;
     let (routes, _watch) = stanch_client::start(
         stanch_client::WatchConfig::new(&stanch, "demo-gateway"),
@@ -110,9 +247,24 @@ pub async fn run(seconds: u64) -> anyhow::Result<()> {
         std::future::pending(),
     ));
     println!("gateway (stanch-gateway): {gw}   (try: curl {gw}/status)");
-    println!(
-        "Prometheus and Alertmanager are not started: the demo sends stanch the alerts Alertmanager would send.\n"
-    );
+    let scrape: Vec<&str> = std::iter::once(gw.as_str())
+        .chain(mocks.iter().map(|(u, _)| u.as_str()))
+        .collect();
+    let monitoring = if simulate_alerts {
+        None
+    } else {
+        Monitoring::start(&http, &stanch, &scrape).await?
+    };
+    match &monitoring {
+        Some(m) => println!(
+            "Prometheus ({}) and Alertmanager: running stanch's rules on 1 s scrapes; the alerts are real.\n",
+            m.prometheus
+        ),
+        None => println!(
+            "Prometheus and Alertmanager are not started: the demo sends stanch the alerts Alertmanager would send.\n"
+        ),
+    }
+    let simulated = monitoring.is_none();
 
     // Callers: 20 requests a second, one in five from a VIP tenant.
     let window = Arc::new(Mutex::new(Window::default()));
@@ -197,12 +349,18 @@ pub async fn run(seconds: u64) -> anyhow::Result<()> {
         if step == 0 && t >= 6 {
             println!("\n>>> datacenter dc-a starts failing: its model server answers 503");
             fault(&mocks[0].1, json!({"kind": "status", "status": 503}));
-            println!(
-                ">>> (Alertmanager would now send stanch the StanchPoolFailing alert; the demo sends it)"
-            );
-            post(alert("firing", failover.clone(), &started_at)).await?;
+            if simulated {
+                println!(
+                    ">>> (Alertmanager would now send stanch the StanchPoolFailing alert; the demo sends it)"
+                );
+                post(alert("firing", failover.clone(), &started_at)).await?;
+            } else {
+                println!(
+                    ">>> (Prometheus will see it in the gateway's metrics within seconds; Alertmanager tells stanch)"
+                );
+            }
             step = 1;
-        } else if step == 1 && t >= 20 {
+        } else if step == 1 && t >= 22 {
             println!(
                 "\n>>> qwen-72b's KV cache saturates in dc-b (vllm:gpu_cache_usage_perc 0.98)"
             );
@@ -212,9 +370,11 @@ pub async fn run(seconds: u64) -> anyhow::Result<()> {
                 r#"{"value": 0.98}"#,
             )
             .await;
-            post(alert("firing", saturated.clone(), &started_at)).await?;
+            if simulated {
+                post(alert("firing", saturated.clone(), &started_at)).await?;
+            }
             step = 2;
-        } else if step == 2 && t >= 34 {
+        } else if step == 2 && t >= 38 {
             println!("\n>>> recovery: dc-a answers again, the KV cache drains; the alerts resolve");
             fault(&mocks[0].1, json!({"kind": "none"}));
             put(
@@ -223,8 +383,10 @@ pub async fn run(seconds: u64) -> anyhow::Result<()> {
                 r#"{"value": 0.4}"#,
             )
             .await;
-            post(alert("resolved", failover.clone(), &started_at)).await?;
-            post(alert("resolved", saturated.clone(), &started_at)).await?;
+            if simulated {
+                post(alert("resolved", failover.clone(), &started_at)).await?;
+                post(alert("resolved", saturated.clone(), &started_at)).await?;
+            }
             println!(">>> stanch steps down one rung at a time, after each stabilization window");
             step = 3;
         }
@@ -268,6 +430,7 @@ pub async fn run(seconds: u64) -> anyhow::Result<()> {
         }
     }
     traffic.abort();
+    drop(monitoring);
     controller.shutdown().await;
     println!(
         "\ndone: every demo process stopped. Run it again with `stanch demo`, or read docs/operations.md."

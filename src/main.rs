@@ -40,9 +40,12 @@ enum Cmd {
     Ctl(ctl::CtlArgs),
     /// Watch stanch heal a simulated outage: everything in one process, on loopback.
     Demo {
-        /// How long to run (the script needs about 60 s).
-        #[arg(long, default_value_t = 60)]
+        /// How long to run (the script needs about 70 s).
+        #[arg(long, default_value_t = 75)]
         seconds: u64,
+        /// Send stanch the alerts itself, even when Prometheus and Alertmanager are installed.
+        #[arg(long)]
+        simulate_alerts: bool,
     },
 }
 
@@ -95,7 +98,10 @@ fn main() -> ExitCode {
         Cmd::CheckConfig { file } => check_config(&file),
         Cmd::Serve(args) => serve(args),
         Cmd::Ctl(args) => ctl::run(args),
-        Cmd::Demo { seconds } => {
+        Cmd::Demo {
+            seconds,
+            simulate_alerts,
+        } => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -106,7 +112,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(demo::run(seconds)) {
+            match runtime.block_on(demo::run(seconds, simulate_alerts)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("demo: {e:#}");

@@ -212,7 +212,7 @@ fn serves_tls_when_given_a_certificate() {
 #[test]
 fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
     let out = Command::new(env!("CARGO_BIN_EXE_stanch"))
-        .args(["demo", "--seconds", "9"])
+        .args(["demo", "--seconds", "9", "--simulate-alerts"])
         .env("RUST_LOG", "error")
         .output()
         .unwrap();
@@ -241,4 +241,34 @@ fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
         "callers saw no errors:\n{text}"
     );
     assert!(text.contains("done: every demo process stopped"));
+}
+
+#[test]
+fn the_demo_uses_real_prometheus_and_alertmanager_when_installed() {
+    let out = Command::new(env!("CARGO_BIN_EXE_stanch"))
+        .args(["demo", "--seconds", "22"])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("and Alertmanager: running stanch's rules"),
+        "the test command installs both:\n{text}"
+    );
+    assert!(
+        text.contains(
+            "stanch decided: qwen-72b: normal -> failover (pool dc-b) escalated: pool dc-a failing"
+        ),
+        "a real alert moved the route:\n{text}"
+    );
+    let seconds: Vec<&str> = text.lines().filter(|l| l.starts_with('[')).collect();
+    assert!(
+        seconds.iter().all(|l| l.contains(" 0 errors")),
+        "callers saw no errors:\n{text}"
+    );
 }

@@ -22,8 +22,6 @@ use stanch_core::Config;
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
-use stanch_server::auth::Tokens;
-use stanch_server::net::ConnLimits;
 use stanch_server::{Controller, Settings};
 use tokio::time::Instant;
 
@@ -210,14 +208,9 @@ pub async fn run(seconds: u64, simulate_alerts: bool) -> anyhow::Result<()> {
         mocks[0].0, mocks[1].0, mocks[2].0
     );
 
-    let settings = Settings {
-        config: Config::from_yaml(CONTROLLER).context("demo configuration")?,
-        data_dir: None, // State in memory: nothing is left behind.
-        tokens: Tokens::default(),
-        tls: None,
-        alertmanager_token: None,
-        limits: ConnLimits::default(),
-    };
+    // State in memory: nothing is left behind.
+    let settings =
+        Settings::in_memory(Config::from_yaml(CONTROLLER).context("demo configuration")?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
     let stanch = format!("http://{}", controller.addr());

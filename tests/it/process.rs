@@ -209,10 +209,12 @@ fn serves_tls_when_given_a_certificate() {
     );
 }
 
-#[test]
-fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
+/// Runs `stanch demo` with `args`; returns what it printed, having checked
+/// it succeeded and that no caller saw an error in any second it reported.
+fn demo(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_stanch"))
-        .args(["demo", "--seconds", "9", "--simulate-alerts"])
+        .arg("demo")
+        .args(args)
         .env("RUST_LOG", "error")
         .output()
         .unwrap();
@@ -221,7 +223,19 @@ fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let seconds: Vec<&str> = text.lines().filter(|l| l.starts_with('[')).collect();
+    assert!(!seconds.is_empty(), "a line a second:\n{text}");
+    assert!(
+        seconds.iter().all(|l| l.contains(" 0 errors")),
+        "callers saw no errors:\n{text}"
+    );
+    text
+}
+
+#[test]
+fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
+    let text = demo(&["--seconds", "9", "--simulate-alerts"]);
     assert!(
         text.contains(">>> datacenter dc-a starts failing"),
         "{text}"
@@ -234,28 +248,14 @@ fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
         text.contains("the demo sends stanch the alerts Alertmanager would send"),
         "says what it simulates"
     );
-    let seconds: Vec<&str> = text.lines().filter(|l| l.starts_with('[')).collect();
-    assert!(seconds.len() >= 8, "a line a second:\n{text}");
-    assert!(
-        seconds.iter().all(|l| l.contains(" 0 errors")),
-        "callers saw no errors:\n{text}"
-    );
+    let seconds = text.lines().filter(|l| l.starts_with('[')).count();
+    assert!(seconds >= 8, "a line a second:\n{text}");
     assert!(text.contains("done: every demo process stopped"));
 }
 
 #[test]
 fn the_demo_uses_real_prometheus_and_alertmanager_when_installed() {
-    let out = Command::new(env!("CARGO_BIN_EXE_stanch"))
-        .args(["demo", "--seconds", "22"])
-        .env("RUST_LOG", "error")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = demo(&["--seconds", "22"]);
     assert!(
         text.contains("and Alertmanager: running stanch's rules"),
         "the test command installs both:\n{text}"
@@ -265,10 +265,5 @@ fn the_demo_uses_real_prometheus_and_alertmanager_when_installed() {
             "stanch decided: qwen-72b: normal -> failover (pool dc-b) escalated: pool dc-a failing"
         ),
         "a real alert moved the route:\n{text}"
-    );
-    let seconds: Vec<&str> = text.lines().filter(|l| l.starts_with('[')).collect();
-    assert!(
-        seconds.iter().all(|l| l.contains(" 0 errors")),
-        "callers saw no errors:\n{text}"
     );
 }

@@ -55,6 +55,21 @@ pub struct Settings {
     pub limits: ConnLimits,
 }
 
+impl Settings {
+    /// State in memory, no tokens, no TLS, default limits: a controller for
+    /// loopback use (the demo, tests). Fields can be overridden afterwards.
+    pub fn in_memory(config: Config) -> Self {
+        Self {
+            config,
+            data_dir: None,
+            tokens: Tokens::default(),
+            tls: None,
+            alertmanager_token: None,
+            limits: ConnLimits::default(),
+        }
+    }
+}
+
 /// Why the controller did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

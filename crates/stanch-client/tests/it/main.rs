@@ -6,20 +6,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use stanch_client::{Transport, WatchConfig};
 use stanch_core::Config;
-use stanch_server::auth::Tokens;
 use stanch_server::clock::SystemClock;
-use stanch_server::net::ConnLimits;
 use stanch_server::{Controller, Settings};
 
 async fn controller() -> (Controller, String) {
-    let settings = Settings {
-        config: Config::default_config(),
-        data_dir: None,
-        tokens: Tokens::default(),
-        tls: None,
-        alertmanager_token: None,
-        limits: ConnLimits::default(),
-    };
+    let settings = Settings::in_memory(Config::default_config());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let c = Controller::start(settings, listener, Arc::new(SystemClock))
         .await

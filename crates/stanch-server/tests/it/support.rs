@@ -9,7 +9,6 @@ use stanch_api::Timestamp;
 use stanch_core::Config;
 use stanch_server::auth::Tokens;
 use stanch_server::clock::ManualClock;
-use stanch_server::net::ConnLimits;
 use stanch_server::{Controller, Settings};
 
 pub const INGEST: &str = "ingest-token";
@@ -173,12 +172,9 @@ async fn launch(config: &Config, tokens: bool, dir: &Path, clock: &ManualClock) 
         Tokens::default()
     };
     let settings = Settings {
-        config: config.clone(),
         data_dir: Some(dir.to_owned()),
         tokens,
-        tls: None,
-        alertmanager_token: None,
-        limits: ConnLimits::default(),
+        ..Settings::in_memory(config.clone())
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     Controller::start(settings, listener, Arc::new(clock.clone()))

@@ -372,17 +372,23 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         .values()
         .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
     {
-        let blocked = e.blocked(now).is_some()
-            || table
-                .as_ref()
-                .is_some_and(|t| proxy::table_block(t, e, wall).is_some());
+        let labels = EndpointLabels {
+            endpoint: e.url.clone(),
+            model: e.model.clone(),
+            pool: e.pool.clone(),
+        };
+        let locally = e.blocked(now).is_some();
+        let by_table = table
+            .as_ref()
+            .is_some_and(|t| proxy::table_block(t, e, wall).is_some());
         gw.metrics
             .endpoint_blocked
-            .get_or_create(&EndpointLabels {
-                endpoint: e.url.clone(),
-                model: e.model.clone(),
-            })
-            .set(i64::from(blocked));
+            .get_or_create(&labels)
+            .set(i64::from(locally || by_table));
+        gw.metrics
+            .endpoint_blocked_locally
+            .get_or_create(&labels)
+            .set(i64::from(locally));
     }
     let mut r = gw.metrics.encode().into_response();
     r.headers_mut().insert(

@@ -52,13 +52,15 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
-/// An endpoint and model.
+/// An endpoint, its model and its pool.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
     /// The endpoint.
     pub endpoint: String,
     /// The model.
     pub model: String,
+    /// The endpoint's pool: lets a rule see a pool whose every endpoint is blocked.
+    pub pool: String,
 }
 
 /// Every gateway metric.
@@ -85,6 +87,9 @@ pub struct Metrics {
     pub blocks: Family<KindLabel, Counter>,
     /// 1 while an endpoint is blocked for a model (locally or by the table).
     pub endpoint_blocked: Family<EndpointLabels, Gauge>,
+    /// 1 while this gateway's own passive blocking holds an endpoint: evidence the
+    /// controller does not have (it knows its own blocks).
+    pub endpoint_blocked_locally: Family<EndpointLabels, Gauge>,
     /// Times every candidate was blocked and one was used anyway.
     pub all_blocked: Counter,
     /// Malformed stream chunks dropped.
@@ -120,6 +125,7 @@ impl Metrics {
             static_answers: Family::default(),
             blocks: Family::default(),
             endpoint_blocked: Family::default(),
+            endpoint_blocked_locally: Family::default(),
             all_blocked: Counter::default(),
             malformed_chunks: Counter::default(),
             budget_exhausted: Counter::default(),
@@ -167,6 +173,11 @@ impl Metrics {
             "endpoint_blocked",
             "1 while the endpoint is blocked for the model",
             m.endpoint_blocked.clone(),
+        );
+        registry.register(
+            "endpoint_blocked_locally",
+            "1 while this gateway's passive blocking holds the endpoint",
+            m.endpoint_blocked_locally.clone(),
         );
         registry.register(
             "all_candidates_blocked",

@@ -111,6 +111,20 @@ async fn retry_after_keeps_the_endpoint_away_at_once() {
         1,
         "after its Retry-After it gets nothing"
     );
+    let metrics = gw.metrics().await;
+    let blocked = |gauge: &str, up: &Upstream, value: u8| {
+        format!(
+            "stanch_gateway_{gauge}{{endpoint=\"{}\",model=\"qwen-72b\",pool=\"dc-a\"}} {value}",
+            up.base
+        )
+    };
+    for gauge in ["endpoint_blocked", "endpoint_blocked_locally"] {
+        assert!(
+            metrics.contains(&blocked(gauge, &ups[0], 1)),
+            "the blocked endpoint, with its pool, for the pool rule:\n{metrics}"
+        );
+        assert!(metrics.contains(&blocked(gauge, &ups[1], 0)), "{metrics}");
+    }
 }
 
 #[tokio::test]

@@ -165,6 +165,17 @@ async fn blocks_from_the_table_are_honoured() {
         metrics.contains("stanch_gateway_all_candidates_blocked_total"),
         "{metrics}"
     );
+    let gauge = |name: &str, value: u8| {
+        format!(
+            "stanch_gateway_{name}{{endpoint=\"{}\",model=\"qwen-72b\",pool=\"dc-a\"}} {value}",
+            f.a.base
+        )
+    };
+    assert!(metrics.contains(&gauge("endpoint_blocked", 1)), "{metrics}");
+    assert!(
+        metrics.contains(&gauge("endpoint_blocked_locally", 0)),
+        "the table's blocks are the controller's, not evidence for its rules:\n{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -219,13 +219,9 @@ pub async fn run(seconds: u64, simulate_alerts: bool) -> anyhow::Result<()> {
     let yaml = format!(
         "models:\n  qwen-72b:\n    faq: default\n    fallbacks: [qwen-14b]\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n  qwen-14b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n\
          faq_sets:\n  default: {{default_answer: 'We are busy right now; please try again shortly.'}}\n\
-         tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n\
-         blocking: {{consecutive_failures: 0}}\n",
+         tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n",
         mocks[0].0, mocks[1].0, mocks[2].0
     );
-    // The gateway's own passive blocking is off here: it would block dc-a after five
-    // failures and starve Prometheus of the evidence the pool alert needs (a known
-    // interplay, docs/alerting.md). Retries still keep callers whole.
     let config = GatewayConfig::from_yaml(&yaml).context("demo gateway configuration")?;
     let (routes, _watch) = stanch_client::start(
         stanch_client::WatchConfig::new(&stanch, "demo-gateway"),

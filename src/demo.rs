@@ -219,7 +219,8 @@ pub async fn run(seconds: u64, simulate_alerts: bool) -> anyhow::Result<()> {
     let yaml = format!(
         "models:\n  qwen-72b:\n    faq: default\n    fallbacks: [qwen-14b]\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n  qwen-14b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n\
          faq_sets:\n  default: {{default_answer: 'We are busy right now; please try again shortly.'}}\n\
-         tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n",
+         tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n\
+         blocking: {{probe: {{enabled: true, interval: 1s}}}}\n",
         mocks[0].0, mocks[1].0, mocks[2].0
     );
     let config = GatewayConfig::from_yaml(&yaml).context("demo gateway configuration")?;
@@ -235,6 +236,9 @@ pub async fn run(seconds: u64, simulate_alerts: bool) -> anyhow::Result<()> {
         gateway.clone(),
         std::future::pending(),
     ));
+    // Idle endpoints (blocked, or in a pool failed away from) are probed, so the rules
+    // see when a failed pool is back.
+    tokio::spawn(stanch_gateway::probe_loop(gateway.clone()));
     println!("gateway (stanch-gateway): {gw}   (try: curl {gw}/status)");
     let scrape: Vec<&str> = std::iter::once(gw.as_str())
         .chain(mocks.iter().map(|(u, _)| u.as_str()))

@@ -185,7 +185,7 @@ async fn closed_loop_with(rules: String) -> Loop {
          faq_sets:\n  default: {{default_answer: 'We are busy; please try again shortly.'}}\n\
          tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n\
          retry: {{backoff_base: 1ms, backoff_max: 2ms, budget_min_retries: 100000}}\n\
-         blocking: {{consecutive_failures: 0}}\n",
+         blocking: {{probe: {{enabled: true, interval: 500ms, successes: 2, timeout: 1s}}}}\n",
         mocks[0].0, mocks[1].0, mocks[2].0
     );
     let mut gateways = Vec::new();
@@ -203,6 +203,7 @@ async fn closed_loop_with(rules: String) -> Loop {
             gw.clone(),
             std::future::pending(),
         ));
+        tokio::spawn(stanch_gateway::probe_loop(gw.clone()));
         gateways.push((base, gw));
     }
 
@@ -648,10 +649,11 @@ async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
 }
 
 /// dc-a fails for 3 s and works for 2 s, over and over: faster than the stabilization
-/// window. The system settles instead of bouncing: after at most one round trip the
-/// endpoint-error rule has soft-blocked dc-a's endpoint for every gateway, traffic stays
-/// on dc-b, and nothing moves for the rest of the flapping. (When traffic does keep
-/// reaching the flapping pool, the flap guard pins the model: engine scenario
+/// window. The model is held on dc-b instead of bounced: gateways probe the pool the
+/// table failed away from, its failing probes keep the pool alert firing through each
+/// brief recovery, the endpoint-error rule soft-blocks dc-a's endpoint for every
+/// gateway, and nothing moves for the rest of the flapping. (When traffic does keep
+/// reaching a flapping pool, the flap guard pins the model: engine scenario
 /// `flap_guard_pins`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flapping_fault_settles_instead_of_bouncing() {
@@ -705,10 +707,13 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
         transitions <= 2,
         "at most one round trip: {transitions} transitions"
     );
-    assert!(
-        samples.last().unwrap().2,
-        "dc-a's endpoint is blocked for every gateway"
+    let last = samples.last().unwrap();
+    assert_eq!(
+        (last.0.as_str(), last.1.as_str()),
+        ("failover", "dc-b"),
+        "held on the healthy pool"
     );
+    assert!(last.2, "dc-a's endpoint is blocked for every gateway");
     assert!(
         changes.last().is_none_or(|i| *i < samples.len() - 100),
         "nothing moved in the last 10 s of flapping"
@@ -856,7 +861,7 @@ async fn an_endpoint_one_replica_saw_failing_is_blocked_on_both() {
         .history("limit=1000")
         .await
         .iter()
-        .filter(|e| e["kind"] == "blocked")
+        .filter(|e| e["kind"] != "gateway_acked")
     {
         timeline.mark(format!(
             "controller: {}",

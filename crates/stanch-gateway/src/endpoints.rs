@@ -66,6 +66,9 @@ struct Health {
     /// Latency estimate and when it was last updated; `None` until the first sample.
     ewma_ms: Option<(f64, Instant)>,
     consecutive: u32,
+    /// The longest run of failures since the last outcome report: a block resets the
+    /// run, and the controller must still hear how long it was.
+    peak_streak: u32,
     window: Window,
     blocked_until: Option<Instant>,
     block_ended: Option<Instant>,
@@ -198,6 +201,16 @@ impl Endpoint {
         (h.successes, h.failures, h.consecutive)
     }
 
+    /// For an outcome report: totals so far and the longest run of failures since the
+    /// previous report, even if a block has ended that run since. (successes, failures,
+    /// longest run).
+    pub fn report_counts(&self) -> (u64, u64, u32) {
+        let mut h = self.health.lock().expect("endpoint lock");
+        let peak = h.peak_streak.max(h.consecutive);
+        h.peak_streak = h.consecutive;
+        (h.successes, h.failures, peak)
+    }
+
     /// Failing right now with a request already out: it gets no second request until
     /// one of them comes back well, so a fault costs its in-flight requests plus one
     /// at a time, not a burst.
@@ -260,6 +273,7 @@ impl Endpoint {
         let mut h = self.health.lock().expect("endpoint lock");
         h.sample((latency.as_secs_f64() * 1e3).max(FAILURE_PENALTY_MS), now);
         h.consecutive += 1;
+        h.peak_streak = h.peak_streak.max(h.consecutive);
         h.failures += 1;
         h.last_failure = Some((wall, outcome.label()));
         h.window.add(now, false, policy.window.0);
@@ -490,6 +504,24 @@ mod tests {
             jitter: 0.0,
             ..BlockingPolicy::default()
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_carry_the_run_a_block_ended() {
+        let e = ep("http://a", false);
+        let (p, now) = (policy(), Instant::now());
+        let fail = Outcome::ServerError(503);
+        e.record(&Outcome::Success, Duration::ZERO, &p, now, Timestamp(0));
+        for _ in 0..3 {
+            e.record(&fail, Duration::ZERO, &p, now, Timestamp(0));
+        }
+        assert!(e.blocked(now).is_some());
+        assert_eq!(e.counts(), (1, 3, 0), "the block ended the run");
+        assert_eq!(e.report_counts(), (1, 3, 3), "the report still carries it");
+        assert_eq!(e.report_counts(), (1, 3, 0), "once");
+        e.record(&fail, Duration::ZERO, &p, now, Timestamp(0));
+        e.record(&Outcome::Success, Duration::ZERO, &p, now, Timestamp(0));
+        assert_eq!(e.report_counts(), (2, 4, 1));
     }
 
     #[tokio::test(start_paused = true)]

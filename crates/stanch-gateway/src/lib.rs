@@ -27,13 +27,13 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use secrecy::SecretString;
-use stanch_api::RouteTable;
 use stanch_api::clock::Clock;
+use stanch_api::{RouteTable, Rung};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
@@ -41,7 +41,9 @@ use crate::budget::RetryBudget;
 use crate::config::{GatewayConfig, is_glob, secret};
 use crate::endpoints::{Endpoint, glob};
 use crate::faq::Faq;
-use crate::metrics::{AttemptLabels, EndpointLabels, Metrics, ModelLabel, RequestLabels};
+use crate::metrics::{
+    AttemptLabels, EndpointLabels, Metrics, ModelLabel, ProbeLabels, RequestLabels,
+};
 use prometheus_client::metrics::histogram::Histogram;
 
 /// A configured model, ready to serve.
@@ -181,6 +183,14 @@ impl Gateway {
             // Every outcome's series exists from the start, at zero.
             for outcome in outcome::LABELS {
                 let _ = metrics.attempts.get_or_create(&AttemptLabels {
+                    model: e.model.clone(),
+                    pool: e.pool.clone(),
+                    endpoint: e.url.clone(),
+                    outcome,
+                });
+            }
+            for outcome in ["success", "failure"] {
+                let _ = metrics.probes.get_or_create(&ProbeLabels {
                     model: e.model.clone(),
                     pool: e.pool.clone(),
                     endpoint: e.url.clone(),
@@ -438,7 +448,7 @@ pub async fn report_loop(
         ticker.tick().await;
         let mut reports = Vec::new();
         for (i, e) in endpoints.iter().enumerate() {
-            let (ok, failed, streak) = e.counts();
+            let (ok, failed, streak) = e.report_counts();
             let (ok0, failed0) = last[i];
             last[i] = (ok, failed);
             if ok > ok0 || failed > failed0 || streak > 0 {
@@ -481,10 +491,43 @@ pub async fn report_loop(
     }
 }
 
-/// Probes locally blocked endpoints with a one-token completion (marked
-/// `X-Stanch-Probe`), lifting a block after `blocking.probe.successes` in a row.
+/// Why an endpoint gets no traffic and is probed instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Idle {
+    /// This gateway's passive blocking holds it: probes may lift the block early.
+    Blocked,
+    /// The route table serves its model from another pool (failover) or from the FAQ
+    /// (static): probes are the rules' only evidence of whether the pool is back.
+    FailedAway,
+}
+
+/// Whether `e` is idle, and why.
+pub(crate) fn idle(
+    e: &Endpoint,
+    table: Option<&RouteTable>,
+    now: Instant,
+    wall: stanch_api::Timestamp,
+) -> Option<Idle> {
+    if e.blocked(now).is_some() {
+        return Some(Idle::Blocked);
+    }
+    let entry = table?
+        .models
+        .get(&e.model)
+        .filter(|entry| entry.lease_until > wall)?;
+    match entry.rung {
+        Rung::Failover if entry.pool != e.pool => Some(Idle::FailedAway),
+        Rung::Static => Some(Idle::FailedAway),
+        _ => None,
+    }
+}
+
+/// Probes the endpoints that get no traffic — locally blocked ones, and those of pools
+/// the route table has failed away from — with a one-token completion every
+/// `blocking.probe.interval` (marked `X-Stanch-Probe`). Outcomes are counted in
+/// `stanch_gateway_probes_total`, so the rules still see whether a failed-away pool
+/// is healthy; `blocking.probe.successes` in a row lift a local block early.
 pub async fn probe_loop(gateway: Arc<Gateway>) {
-    use secrecy::ExposeSecret;
     let policy = gateway.config.blocking.probe.clone();
     let endpoints: Vec<Arc<Endpoint>> = gateway
         .models
@@ -495,33 +538,65 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        for e in endpoints
+        let table = gateway.table();
+        let (now, wall) = (Instant::now(), gateway.clock.now());
+        let due = endpoints
             .iter()
-            .filter(|e| e.blocked(Instant::now()).is_some())
-        {
-            let model = e.upstream_model.clone().unwrap_or_else(|| e.model.clone());
-            let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
-            let mut request = hyper::Request::post(e.uris[0].clone())
-                .header(header::CONTENT_TYPE, "application/json")
-                .header("x-stanch-probe", "1");
-            if let Some(key) = &e.api_key {
-                request = request.header(
-                    header::AUTHORIZATION,
-                    format!("Bearer {}", key.expose_secret()),
-                );
+            .filter_map(|e| idle(e, table.as_deref(), now, wall).map(|why| (e, why)));
+        // Concurrently: one slow endpoint does not delay the others' evidence.
+        let probes = due.map(|(e, why)| {
+            let gateway = &gateway;
+            let policy = &policy;
+            async move {
+                let ok = probe(gateway, e, policy.timeout.0).await;
+                gateway
+                    .metrics
+                    .probes
+                    .get_or_create(&ProbeLabels {
+                        model: e.model.clone(),
+                        pool: e.pool.clone(),
+                        endpoint: e.url.clone(),
+                        outcome: if ok { "success" } else { "failure" },
+                    })
+                    .inc();
+                if why == Idle::Blocked && e.probe_result(ok, policy.successes, Instant::now())
+                {
+                    tracing::info!(endpoint = %e.url, model = %e.model, "block lifted early: probes succeeded");
+                }
             }
-            let Ok(request) = request.body(Full::new(Bytes::from(body.to_string()))) else {
-                continue;
-            };
-            let ok = matches!(
-                tokio::time::timeout(policy.timeout.0, gateway.client.request(request)).await,
-                Ok(Ok(r)) if r.status().is_success()
-            );
-            if e.probe_result(ok, policy.successes, Instant::now()) {
-                tracing::info!(endpoint = %e.url, model = %e.model, "block lifted early: probes succeeded");
-            }
-        }
+        });
+        futures_util::future::join_all(probes).await;
     }
+}
+
+/// One probe: a one-token chat completion; true when the endpoint answered 2xx in time.
+async fn probe(gateway: &Gateway, e: &Endpoint, timeout: Duration) -> bool {
+    use secrecy::ExposeSecret;
+    let model = e.upstream_model.as_ref().unwrap_or(&e.model);
+    let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+    let mut request = hyper::Request::post(e.uris[0].clone())
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-stanch-probe", "1");
+    if let Some(key) = &e.api_key {
+        request = request.header(
+            header::AUTHORIZATION,
+            format!("Bearer {}", key.expose_secret()),
+        );
+    }
+    let Ok(request) = request.body(Full::new(Bytes::from(body.to_string()))) else {
+        return false;
+    };
+    let answered = async {
+        let response = gateway.client.request(request).await.ok()?;
+        let ok = response.status().is_success();
+        // Read the answer so the connection goes back to the pool.
+        response.into_body().collect().await.ok()?;
+        Some(ok)
+    };
+    matches!(
+        tokio::time::timeout(timeout, answered).await,
+        Ok(Some(true))
+    )
 }
 
 /// An HTTP client for the controller, apart from the upstreams' pool.

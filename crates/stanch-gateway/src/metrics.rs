@@ -38,6 +38,19 @@ pub struct AttemptLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of one active probe.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    /// The model the endpoint serves.
+    pub model: String,
+    /// The endpoint's pool.
+    pub pool: String,
+    /// The endpoint.
+    pub endpoint: String,
+    /// `success` or `failure`.
+    pub outcome: &'static str,
+}
+
 /// A model label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabel {
@@ -83,6 +96,10 @@ pub struct Metrics {
     pub degraded: Family<ModelLabel, Counter>,
     /// Static (FAQ) answers, by model.
     pub static_answers: Family<ModelLabel, Counter>,
+    /// Active probes of endpoints that get no traffic (blocked here, or in a pool the
+    /// route table has failed away from), by model, pool, endpoint and outcome: the
+    /// rules' evidence about a pool that no longer has traffic.
+    pub probes: Family<ProbeLabels, Counter>,
     /// Passive blocks made, by trigger.
     pub blocks: Family<KindLabel, Counter>,
     /// 1 while an endpoint is blocked for a model (locally or by the table).
@@ -123,6 +140,7 @@ impl Metrics {
             fallbacks: Family::default(),
             degraded: Family::default(),
             static_answers: Family::default(),
+            probes: Family::default(),
             blocks: Family::default(),
             endpoint_blocked: Family::default(),
             endpoint_blocked_locally: Family::default(),
@@ -164,6 +182,11 @@ impl Metrics {
             m.degraded.clone(),
         );
         registry.register("static_answers", "FAQ answers", m.static_answers.clone());
+        registry.register(
+            "probes",
+            "Active probes of endpoints without traffic, by outcome",
+            m.probes.clone(),
+        );
         registry.register(
             "blocks",
             "Passive endpoint blocks made, by trigger",

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use stanch_api::Rung;
 use stanch_mock::MockConfig;
 use tokio::time::Instant;
 
@@ -444,4 +445,54 @@ async fn a_spent_retry_budget_answers_from_the_faq_instead_of_adding_load() {
             .await
             .contains("stanch_gateway_retry_budget_exhausted_total 5")
     );
+}
+
+#[tokio::test]
+async fn pools_the_table_failed_away_from_are_probed_and_counted() {
+    let a = Upstream::start("qwen-72b", "dc-a").await;
+    let b = Upstream::start("qwen-72b", "dc-b").await;
+    let yaml = "models:\n  qwen-72b:\n    pools:\n      - {name: dc-a, endpoints: [{url: '{a}'}]}\n      - {name: dc-b, endpoints: [{url: '{b}'}]}\n\
+        blocking: {consecutive_failures: 3, probe: {enabled: true, interval: 100ms, successes: 2, timeout: 1s}}\n";
+    let mut gw = gateway(yaml, &[("a", &a), ("b", &b)]).await;
+    a.fault(json!({"kind": "status", "status": 503}));
+    gw.table(&[("qwen-72b", Rung::Failover, "dc-b", None)], vec![]);
+    for _ in 0..5 {
+        assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    }
+    let probes = |pool: &'static str, outcome: &'static str| {
+        let gw = &gw;
+        async move {
+            let text = gw.metrics().await;
+            sample(
+                &text,
+                "stanch_gateway_probes_total",
+                &[("pool", pool), ("outcome", outcome)],
+            )
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    // dc-a gets probes and only probes; dc-b, serving, gets none.
+    let failed = probes("dc-a", "failure").await;
+    assert!(failed >= 2.0, "failing probes of dc-a counted: {failed}");
+    assert_eq!(probes("dc-a", "success").await, 0.0);
+    assert_eq!(
+        probes("dc-b", "failure").await + probes("dc-b", "success").await,
+        0.0
+    );
+    let (sa, sb) = (a.mock.stats(), b.mock.stats());
+    assert_eq!(sa.requests, sa.probes, "dc-a saw no caller traffic: {sa:?}");
+    assert_eq!(sb.probes, 0);
+    assert_eq!(sb.requests, 5);
+
+    // dc-a recovers: its probes now say so, for the rules to see.
+    a.fault(json!({"kind": "none"}));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(probes("dc-a", "success").await >= 2.0);
+
+    // Back to normal routing: dc-a has traffic again and is not probed.
+    gw.table(&[("qwen-72b", Rung::Normal, "dc-a", None)], vec![]);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let before = a.mock.stats().probes;
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(a.mock.stats().probes, before, "no probes while dc-a serves");
 }

@@ -198,3 +198,18 @@ pub fn content(events: &[String]) -> String {
         })
         .collect()
 }
+
+/// The value of the sample of `name` whose labels include every `key="value"` in
+/// `labels`; 0 when there is none.
+pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

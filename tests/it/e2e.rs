@@ -153,11 +153,15 @@ fn start_controller(dir: &Path, port: u16) -> Proc {
     )
 }
 
+/// Gateways' passive blocking as shipped, with probes on.
+const BLOCKING: &str = "{probe: {enabled: true, interval: 500ms, successes: 2, timeout: 1s}}";
+
 async fn closed_loop() -> Loop {
-    closed_loop_with(fast_rules()).await
+    closed_loop_with(fast_rules(), BLOCKING).await
 }
 
-async fn closed_loop_with(rules: String) -> Loop {
+/// A closed loop with these rules and this gateway `blocking:` section.
+async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
     let dir = tempfile::tempdir().unwrap();
     let mut procs = Vec::new();
 
@@ -185,7 +189,7 @@ async fn closed_loop_with(rules: String) -> Loop {
          faq_sets:\n  default: {{default_answer: 'We are busy; please try again shortly.'}}\n\
          tenants:\n  - {{name: acme, key: acme-key}}\n  - {{name: bigco, key: vip-key, vip: true}}\n\
          retry: {{backoff_base: 1ms, backoff_max: 2ms, budget_min_retries: 100000}}\n\
-         blocking: {{probe: {{enabled: true, interval: 500ms, successes: 2, timeout: 1s}}}}\n",
+         blocking: {blocking}\n",
         mocks[0].0, mocks[1].0, mocks[2].0
     );
     let mut gateways = Vec::new();
@@ -292,6 +296,39 @@ impl Loop {
         gateways
     }
 
+    /// Returns once Prometheus has scraped every target at least `samples` times.
+    /// Prometheus applies new scrape targets on a 5 s tick, so it has no data for the
+    /// first seconds after it starts; a fault injected then is detected late.
+    async fn scraped(&self, samples: u32) {
+        let targets = self.gateways.len() + self.mocks.len();
+        let url = format!(
+            "{}/api/v1/query?query=count_over_time(up[1m])",
+            self.prometheus
+        );
+        let enough = || async {
+            let Ok(r) = reqwest::get(&url).await else {
+                return false;
+            };
+            let v: Value = r.json().await.unwrap_or_default();
+            let counts: Vec<u32> = v["data"]["result"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s["value"][1].as_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            counts.len() == targets && counts.iter().all(|c| *c >= samples)
+        };
+        for _ in 0..300 {
+            if enough().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("Prometheus did not scrape every target {samples} times in 30 s");
+    }
+
     /// The controller's audit history, with a query string.
     async fn history(&self, query: &str) -> Vec<Value> {
         reqwest::get(format!("{}/v1/history?{query}", self.controller))
@@ -380,7 +417,7 @@ async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
     let timeline = Arc::new(Timeline::new());
     let load = traffic(&lp.gateways, timeline.clone());
     let gateways = lp.following().await;
-    tokio::time::sleep(Duration::from_secs(3)).await; // Prometheus has a baseline.
+    lp.scraped(3).await; // Prometheus has a baseline.
 
     set_fault(&lp.mocks[0].1, json!({"kind": "status", "status": 503}));
     let fault = timeline.mark("dc-a starts answering 503");
@@ -740,11 +777,17 @@ async fn time_to_heal() {
     // a 15 s scrape interval.
     let zero_for = regex_free_replace_for(&fast_rules().replace("[5s]", "[3s]"));
     let mut rows = Vec::new();
-    for run in 0..3 {
-        let lp = closed_loop_with(zero_for.clone()).await;
+    // Three runs with gateways as shipped (their own blocks are evidence too), three with
+    // passive blocking off (the failure-ratio rule alone).
+    let setups = [BLOCKING; 3]
+        .into_iter()
+        .chain(["{consecutive_failures: 0}"; 3]);
+    for (run, blocking) in setups.enumerate() {
+        let lp = closed_loop_with(zero_for.clone(), blocking).await;
         let gateways = lp.following().await;
         let _load = traffic(&lp.gateways, Arc::new(Timeline::new()));
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        // A full rate window of traffic, as in steady state.
+        lp.scraped(4).await;
         set_fault(&lp.mocks[0].1, json!({"kind": "status", "status": 503}));
         let fault = SystemClock.now();
         // Polled every millisecond: this is what propagation is measured with.
@@ -767,12 +810,19 @@ async fn time_to_heal() {
             .json()
             .await
             .unwrap();
-        let active_at = alerts["data"]["alerts"]
+        // Whichever failover alert came first: the failure ratio (StanchPoolFailing) or
+        // the gateways' own blocks (StanchPoolBlocked).
+        let (active_at, alertname) = alerts["data"]["alerts"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|a| a["labels"]["alertname"] == "StanchPoolFailing")
-            .filter_map(|a| Timestamp::parse_rfc3339(a["activeAt"].as_str()?).ok())
+            .filter(|a| {
+                a["labels"]["action"] == "trigger-failover" && a["labels"]["pool"] == "dc-a"
+            })
+            .filter_map(|a| {
+                let at = Timestamp::parse_rfc3339(a["activeAt"].as_str()?).ok()?;
+                Some((at, a["labels"]["alertname"].as_str()?.to_owned()))
+            })
             .min()
             .expect("Prometheus lists the alert");
         let history: Vec<Value> = lp.history("limit=1000").await;
@@ -783,10 +833,11 @@ async fn time_to_heal() {
                 .and_then(|e| Timestamp::parse_rfc3339(e["at"].as_str()?).ok())
                 .expect(kind)
         };
-        let received = at("alert_active", "StanchPoolFailing");
+        let received = at("alert_active", &alertname);
         let decided = at("transition", "normal -> failover");
         let ms = |a: Timestamp, b: Timestamp| b.as_millis() - a.as_millis();
         rows.push((
+            alertname,
             ms(fault, active_at),
             ms(active_at, received),
             ms(received, decided),
@@ -796,11 +847,11 @@ async fn time_to_heal() {
         ));
     }
     eprintln!(
-        "time to heal, 3 runs (ms): detection (fault → Prometheus alert active), notification (→ stanch received), decision (→ published), propagation (→ both gateways applied), total; stanch's own part (received → both applied)"
+        "time to heal (ms): detection (fault → Prometheus alert active), notification (→ stanch received), decision (→ published), propagation (→ both gateways applied), total; stanch's own part (received → both applied)"
     );
-    for (d, n, dec, p, total, own) in &rows {
+    for (alert, d, n, dec, p, total, own) in &rows {
         eprintln!(
-            "  detection {d:>5}  notification {n:>5}  decision {dec:>3}  propagation {p:>4}  total {total:>5}  stanch {own:>4}"
+            "  detection {d:>5}  notification {n:>5}  decision {dec:>3}  propagation {p:>4}  total {total:>5}  stanch {own:>4}  ({alert})"
         );
     }
 }

@@ -765,6 +765,93 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
     );
 }
 
+/// dc-a's KV cache saturates again each time stanch steps back. Each recovery waits for
+/// the stabilization window, so nothing bounces faster than that; and when the fault
+/// keeps returning, the flap guard (here: more than two reversals a minute) pins
+/// qwen-72b on degraded and holds it there while the cache looks fine, instead of
+/// moving callers between models again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_that_returns_after_every_recovery_pins_the_model() {
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let gateways = lp.following().await;
+    let load = traffic(&lp.gateways, timeline.clone());
+    let kv = format!("{}/admin/kv-cache", lp.mocks[0].0);
+    let all_on = |want: &str| {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|(r, _, _)| r == want))
+    };
+    let pinned = || async {
+        lp.history("limit=1000")
+            .await
+            .iter()
+            .any(|e| e["kind"] == "flap_pinned")
+    };
+    let mut cycles = 0;
+    for cycle in 0..3 {
+        cycles += 1;
+        put(&kv, r#"{"value": 0.98}"#).await;
+        timeline.mark(format!("cycle {cycle}: dc-a's KV cache at 98 %"));
+        until(Duration::from_secs(30), || all_on("degraded"))
+            .await
+            .expect("degraded");
+        timeline.mark("both gateways degraded");
+        if pinned().await {
+            break;
+        }
+        put(&kv, r#"{"value": 0.30}"#).await;
+        timeline.mark("KV cache back to 30 %");
+        until(Duration::from_secs(40), || all_on("normal"))
+            .await
+            .expect("stanch steps back once the cache is fine");
+        timeline.mark("both gateways back to normal");
+    }
+    put(&kv, r#"{"value": 0.30}"#).await;
+    let fine = timeline.mark("KV cache back to 30 %; watching for 12 s");
+    let moved = until(Duration::from_secs(12), || !all_on("degraded")).await;
+    for e in lp
+        .history("limit=1000")
+        .await
+        .iter()
+        .filter(|e| ["transition", "flap_pinned"].contains(&e["kind"].as_str().unwrap_or("")))
+    {
+        timeline.mark(format!(
+            "controller at {}: {}",
+            e["at"].as_str().unwrap_or(""),
+            e["summary"].as_str().unwrap_or("")
+        ));
+    }
+    timeline.print("a fault that returns after every recovery");
+    assert_eq!(
+        cycles, 2,
+        "pinned on the second saturation (third reversal)"
+    );
+    assert!(pinned().await, "the flap guard engaged");
+    assert!(
+        moved.is_none(),
+        "held on degraded {:.1}s after the cache recovered",
+        (timeline.start.elapsed() - fine).as_secs_f64()
+    );
+    let metrics = reqwest::get(format!("{}/metrics", lp.controller))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("stanch_flap_pinned{")
+            && l.contains("qwen-72b")
+            && l.ends_with(" 1")),
+        "stanch_flap_pinned says so"
+    );
+    assert_eq!(
+        load.failed.load(Ordering::Relaxed),
+        0,
+        "callers never saw an error"
+    );
+}
+
 /// The time-to-heal benchmark (docs/benchmarks.md): scrape and evaluation every 1 s,
 /// `for: 0s`, `group_wait: 0s`. Prints the split; asserts only that healing happened.
 /// Run: `cargo test -p stanch --test it time_to_heal -- --ignored --nocapture`.

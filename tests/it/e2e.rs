@@ -79,16 +79,21 @@ fn fast_rules() -> String {
         .replace("keep_firing_for: 2m", "keep_firing_for: 3s")
 }
 
-/// Wall-clock milliseconds since the scenario began, for timelines.
+/// What happened, in seconds since the scenario began: the test's own marks and the
+/// controller's history, each at the time it happened.
 struct Timeline {
     start: Instant,
+    /// The wall clock at `start`, to place the controller's history events.
+    wall: stanch_api::Timestamp,
     events: std::sync::Mutex<Vec<(Duration, String)>>,
 }
 
 impl Timeline {
     fn new() -> Timeline {
+        use stanch_api::clock::Clock;
         Timeline {
             start: Instant::now(),
+            wall: SystemClock.now(),
             events: Default::default(),
         }
     }
@@ -99,9 +104,26 @@ impl Timeline {
         at
     }
 
+    /// Adds a controller history event at the time the controller recorded it;
+    /// returns that time.
+    fn history(&self, event: &Value) -> Option<Duration> {
+        let at = stanch_api::Timestamp::parse_rfc3339(event["at"].as_str()?).ok()?;
+        let offset = Duration::from_millis(
+            u64::try_from(at.as_millis() - self.wall.as_millis()).unwrap_or(0),
+        );
+        let summary = event["summary"].as_str().unwrap_or("");
+        self.events
+            .lock()
+            .unwrap()
+            .push((offset, format!("controller: {summary}")));
+        Some(offset)
+    }
+
     fn print(&self, title: &str) {
+        let mut events = self.events.lock().unwrap().clone();
+        events.sort_by_key(|(at, _)| *at);
         eprintln!("timeline: {title}");
-        for (at, what) in self.events.lock().unwrap().iter() {
+        for (at, what) in events {
             eprintln!("  {:>8.3}s  {what}", at.as_secs_f64());
         }
     }
@@ -429,14 +451,40 @@ async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
     .await;
     let both = timeline.mark("both gateways hold qwen-72b → failover, pool dc-b");
     let history: Vec<Value> = lp.history("model=qwen-72b").await;
-    if let Some(first) = history.iter().find(|e| e["kind"] == "transition") {
-        timeline.mark(format!(
-            "controller: {}",
-            first["summary"].as_str().unwrap_or("")
-        ));
+    let mut webhook = None;
+    for e in history
+        .iter()
+        .filter(|e| ["alert_active", "transition"].contains(&e["kind"].as_str().unwrap_or("")))
+    {
+        let at = timeline.history(e);
+        if e["kind"] == "alert_active" && webhook.is_none() {
+            webhook = at;
+        }
     }
     timeline.print("a failing datacenter");
     assert!(moved.is_some(), "both gateways moved to dc-b");
+    let last_error = timeline
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, what)| what == "a caller got an error")
+        .map(|(at, _)| *at)
+        .max();
+    eprintln!(
+        "fault → last failing response seen by callers: {}",
+        last_error.map_or("none".to_owned(), |at| format!(
+            "{:.2}s",
+            at.saturating_sub(fault).as_secs_f64()
+        ))
+    );
+    if let Some(webhook) = webhook {
+        // Polled every 20 ms here; the time-to-heal benchmark polls every millisecond.
+        eprintln!(
+            "webhook received → both gateways on the new version: ≤ {} ms",
+            both.saturating_sub(webhook).as_millis()
+        );
+    }
     eprintln!(
         "fault → both gateways on dc-b: {:.2}s; callers: {} answered, {} errors",
         (both - fault).as_secs_f64(),
@@ -657,8 +705,8 @@ async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
             )
         })
         .collect();
-    for (from, to, at) in &moves {
-        timeline.mark(format!("controller at {at}: {from} -> {to}"));
+    for e in history.iter().filter(|e| e["kind"] == "transition") {
+        timeline.history(e);
     }
     timeline.print("recovery");
     assert!(
@@ -732,11 +780,7 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
     for e in history.iter().filter(|e| {
         ["transition", "blocked", "flap_pinned"].contains(&e["kind"].as_str().unwrap_or(""))
     }) {
-        timeline.mark(format!(
-            "controller at {}: {}",
-            e["at"].as_str().unwrap_or(""),
-            e["summary"].as_str().unwrap_or("")
-        ));
+        timeline.history(e);
     }
     timeline.print("a flapping fault");
     let transitions = history.iter().filter(|e| e["kind"] == "transition").count();
@@ -816,11 +860,7 @@ async fn a_fault_that_returns_after_every_recovery_pins_the_model() {
         .iter()
         .filter(|e| ["transition", "flap_pinned"].contains(&e["kind"].as_str().unwrap_or("")))
     {
-        timeline.mark(format!(
-            "controller at {}: {}",
-            e["at"].as_str().unwrap_or(""),
-            e["summary"].as_str().unwrap_or("")
-        ));
+        timeline.history(e);
     }
     timeline.print("a fault that returns after every recovery");
     assert_eq!(
@@ -1001,10 +1041,7 @@ async fn an_endpoint_one_replica_saw_failing_is_blocked_on_both() {
         .iter()
         .filter(|e| e["kind"] != "gateway_acked")
     {
-        timeline.mark(format!(
-            "controller: {}",
-            e["summary"].as_str().unwrap_or("")
-        ));
+        timeline.history(e);
     }
     timeline.print("an endpoint failing on one replica");
     assert!(both.is_some(), "the block reached both replicas");

@@ -34,6 +34,9 @@ pub struct GatewayArgs {
     /// The gateway's --worker-threads.
     #[arg(long, default_value_t = 0)]
     gateway_threads: usize,
+    /// Requests per second, over all connections, for the added-latency measure.
+    #[arg(long, default_value_t = 4000.0)]
+    paced_rate: f64,
 }
 
 struct Proc(Child);
@@ -42,6 +45,25 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// nginx's master process. SIGKILL would orphan its workers, which keep their ports;
+/// SIGQUIT stops them all (and SIGKILL follows if that takes too long).
+struct Nginx(Proc);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let child = &mut (self.0).0;
+        let _ = Command::new("kill")
+            .args(["-QUIT", &child.id().to_string()])
+            .status();
+        for _ in 0..50 {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -216,6 +238,74 @@ async fn load(
     Ok(all)
 }
 
+/// `connections` connections spread over `addrs`, together sending `rate` requests a
+/// second at a steady pace, well below saturation: what a request costs in latency
+/// when the proxy is not queueing behind a saturated CPU. Latency is taken from the
+/// moment each request is written.
+async fn paced(
+    addrs: &[String],
+    connections: usize,
+    rate: f64,
+    warmup: Duration,
+    measure: Duration,
+) -> anyhow::Result<Load> {
+    let start = Instant::now() + warmup;
+    let stop = start + measure;
+    let every = Duration::from_secs_f64(connections as f64 / rate);
+    let mut tasks = Vec::new();
+    for i in 0..connections {
+        let addr = addrs[i % addrs.len()].clone();
+        // Staggered, so the connections do not send in bursts.
+        let first = Instant::now() + every.mul_f64(i as f64 / connections as f64);
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::open(&addr, "/v1/chat/completions", BODY).await?;
+            let mut latencies = Vec::with_capacity(50_000);
+            let mut errors = 0u64;
+            let mut due = first;
+            // Bounded in count as well as time.
+            for _ in 0..1_000_000u64 {
+                tokio::time::sleep_until(due).await;
+                due += every;
+                let sent = Instant::now();
+                if sent >= stop {
+                    break;
+                }
+                let status = match conn.call().await {
+                    Ok(s) => s,
+                    Err(_) => {
+                        conn = Conn::open(&addr, "/v1/chat/completions", BODY).await?;
+                        0
+                    }
+                };
+                if sent >= start {
+                    latencies.push(sent.elapsed());
+                    if status != 200 {
+                        errors += 1;
+                    }
+                }
+            }
+            Ok::<_, std::io::Error>((latencies, errors))
+        }));
+    }
+    let mut all = Load {
+        latencies: Vec::new(),
+        errors: 0,
+        elapsed: measure,
+    };
+    for t in tasks {
+        let (l, e) = t.await??;
+        all.latencies.extend(l);
+        all.errors += e;
+    }
+    all.latencies.sort();
+    Ok(all)
+}
+
+/// `through`'s latency minus `direct`'s at percentile `p`.
+fn added(through: &Load, direct: &Load, p: f64) -> Duration {
+    percentile(&through.latencies, p).saturating_sub(percentile(&direct.latencies, p))
+}
+
 fn line(name: &str, l: &Load) -> String {
     format!(
         "{name:<16} {:>9.0} req/s   p50 {:>8}   p99 {:>8}   errors {}",
@@ -327,7 +417,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         .stderr(Stdio::inherit())
         .spawn();
     let nginx = match nginx {
-        Ok(c) => Some(Proc(c)),
+        Ok(c) => Some(Nginx(Proc(c))),
         Err(e) => {
             eprintln!(
                 "nginx not run ({}): {e}; install Debian's nginx to compare",
@@ -366,7 +456,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         gw_cpu * 1e6
     );
     if let Some(p) = &nginx {
-        let pid = p.0.id();
+        let pid = (p.0).0.id();
         let cpu0 = cpu_seconds(pid);
         let proxied = load(std::slice::from_ref(&nginx_addr), n, warm, measure).await?;
         let ng_cpu = (cpu_seconds(pid) - cpu0)
@@ -377,13 +467,39 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
             ng_cpu * 1e6
         );
     }
-    let added =
-        |p: f64| percentile(&through.latencies, p).saturating_sub(percentile(&direct.latencies, p));
     println!(
-        "gateway added latency: p50 {}  p99 {}",
-        show(added(0.5)),
-        show(added(0.99))
+        "at saturation, gateway added latency: p50 {}  p99 {}",
+        show(added(&through, &direct, 0.5)),
+        show(added(&through, &direct, 0.99))
     );
+
+    // Added latency at a steady rate below saturation.
+    let rate = args.paced_rate;
+    println!("paced: {rate:.0} req/s over the same {n} connections");
+    let direct = paced(&mocks, n, rate, warm, measure).await?;
+    println!("{}", line("direct to mocks", &direct));
+    let through = paced(std::slice::from_ref(&gateway), n, rate, warm, measure).await?;
+    println!("{}", line("stanch-gateway", &through));
+    let proxied = match &nginx {
+        Some(_) => {
+            let l = paced(std::slice::from_ref(&nginx_addr), n, rate, warm, measure).await?;
+            println!("{}", line("nginx", &l));
+            Some(l)
+        }
+        None => None,
+    };
+    println!(
+        "paced, gateway added latency: p50 {}  p99 {}",
+        show(added(&through, &direct, 0.5)),
+        show(added(&through, &direct, 0.99))
+    );
+    if let Some(proxied) = &proxied {
+        println!(
+            "paced, nginx added latency:   p50 {}  p99 {}",
+            show(added(proxied, &direct, 0.5)),
+            show(added(proxied, &direct, 0.99))
+        );
+    }
 
     // One of three upstreams turns to 503 mid-run.
     let failing = mocks[1].clone();

@@ -185,10 +185,22 @@ struct Load {
     elapsed: Duration,
 }
 
-/// `connections` connections spread over `addrs`, each calling in a loop until `until`.
+/// How a load's connections send.
+#[derive(Clone, Copy)]
+enum Pace {
+    /// The next request as soon as the last is answered: the most the target carries.
+    Saturate,
+    /// Together, this many requests a second at a steady pace: what a request costs
+    /// when nothing is queueing behind a saturated CPU.
+    Rate(f64),
+}
+
+/// `connections` connections spread over `addrs`, sending at `pace` for `warmup` plus
+/// `measure`; latency is taken from the moment each request is written.
 async fn load(
     addrs: &[String],
     connections: usize,
+    pace: Pace,
     warmup: Duration,
     measure: Duration,
 ) -> anyhow::Result<Load> {
@@ -197,75 +209,25 @@ async fn load(
     let mut tasks = Vec::new();
     for i in 0..connections {
         let addr = addrs[i % addrs.len()].clone();
+        // Paced connections are staggered, so that they do not send in bursts.
+        let every = match pace {
+            Pace::Saturate => None,
+            Pace::Rate(rate) => Some(Duration::from_secs_f64(connections as f64 / rate)),
+        };
+        let mut due = Instant::now()
+            + every
+                .unwrap_or_default()
+                .mul_f64(i as f64 / connections as f64);
         tasks.push(tokio::spawn(async move {
             let mut conn = Conn::open(&addr, "/v1/chat/completions", BODY).await?;
             let mut latencies = Vec::with_capacity(100_000);
             let mut errors = 0u64;
             // Bounded in count as well as time.
             for _ in 0..2_000_000u64 {
-                let sent = Instant::now();
-                if sent >= stop {
-                    break;
+                if let Some(every) = every {
+                    tokio::time::sleep_until(due).await;
+                    due += every;
                 }
-                let status = match conn.call().await {
-                    Ok(s) => s,
-                    Err(_) => {
-                        conn = Conn::open(&addr, "/v1/chat/completions", BODY).await?;
-                        0
-                    }
-                };
-                if sent >= start {
-                    latencies.push(sent.elapsed());
-                    if status != 200 {
-                        errors += 1;
-                    }
-                }
-            }
-            Ok::<_, std::io::Error>((latencies, errors))
-        }));
-    }
-    let mut all = Load {
-        latencies: Vec::new(),
-        errors: 0,
-        elapsed: measure,
-    };
-    for t in tasks {
-        let (l, e) = t.await??;
-        all.latencies.extend(l);
-        all.errors += e;
-    }
-    all.latencies.sort();
-    Ok(all)
-}
-
-/// `connections` connections spread over `addrs`, together sending `rate` requests a
-/// second at a steady pace, well below saturation: what a request costs in latency
-/// when the proxy is not queueing behind a saturated CPU. Latency is taken from the
-/// moment each request is written.
-async fn paced(
-    addrs: &[String],
-    connections: usize,
-    rate: f64,
-    warmup: Duration,
-    measure: Duration,
-) -> anyhow::Result<Load> {
-    let start = Instant::now() + warmup;
-    let stop = start + measure;
-    let every = Duration::from_secs_f64(connections as f64 / rate);
-    let mut tasks = Vec::new();
-    for i in 0..connections {
-        let addr = addrs[i % addrs.len()].clone();
-        // Staggered, so the connections do not send in bursts.
-        let first = Instant::now() + every.mul_f64(i as f64 / connections as f64);
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(&addr, "/v1/chat/completions", BODY).await?;
-            let mut latencies = Vec::with_capacity(50_000);
-            let mut errors = 0u64;
-            let mut due = first;
-            // Bounded in count as well as time.
-            for _ in 0..1_000_000u64 {
-                tokio::time::sleep_until(due).await;
-                due += every;
                 let sent = Instant::now();
                 if sent >= stop {
                     break;
@@ -444,10 +406,17 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         "stanch-bench gateway: 3 stanch-mock upstreams, {n} keep-alive connections, {}s each, non-streaming chat",
         args.seconds
     );
-    let direct = load(&mocks, n, warm, measure).await?;
+    let direct = load(&mocks, n, Pace::Saturate, warm, measure).await?;
     println!("{}", line("direct to mocks", &direct));
     let cpu0 = cpu_seconds(gateway_pid);
-    let through = load(std::slice::from_ref(&gateway), n, warm, measure).await?;
+    let through = load(
+        std::slice::from_ref(&gateway),
+        n,
+        Pace::Saturate,
+        warm,
+        measure,
+    )
+    .await?;
     let gw_cpu = (cpu_seconds(gateway_pid) - cpu0)
         / (through.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64()));
     println!(
@@ -458,7 +427,14 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     if let Some(p) = &nginx {
         let pid = (p.0).0.id();
         let cpu0 = cpu_seconds(pid);
-        let proxied = load(std::slice::from_ref(&nginx_addr), n, warm, measure).await?;
+        let proxied = load(
+            std::slice::from_ref(&nginx_addr),
+            n,
+            Pace::Saturate,
+            warm,
+            measure,
+        )
+        .await?;
         let ng_cpu = (cpu_seconds(pid) - cpu0)
             / (proxied.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64()));
         println!(
@@ -476,13 +452,27 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     // Added latency at a steady rate below saturation.
     let rate = args.paced_rate;
     println!("paced: {rate:.0} req/s over the same {n} connections");
-    let direct = paced(&mocks, n, rate, warm, measure).await?;
+    let direct = load(&mocks, n, Pace::Rate(rate), warm, measure).await?;
     println!("{}", line("direct to mocks", &direct));
-    let through = paced(std::slice::from_ref(&gateway), n, rate, warm, measure).await?;
+    let through = load(
+        std::slice::from_ref(&gateway),
+        n,
+        Pace::Rate(rate),
+        warm,
+        measure,
+    )
+    .await?;
     println!("{}", line("stanch-gateway", &through));
     let proxied = match &nginx {
         Some(_) => {
-            let l = paced(std::slice::from_ref(&nginx_addr), n, rate, warm, measure).await?;
+            let l = load(
+                std::slice::from_ref(&nginx_addr),
+                n,
+                Pace::Rate(rate),
+                warm,
+                measure,
+            )
+            .await?;
             println!("{}", line("nginx", &l));
             Some(l)
         }
@@ -519,6 +509,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let during = load(
         std::slice::from_ref(&gateway),
         n,
+        Pace::Saturate,
         Duration::ZERO,
         Duration::from_secs(6),
     )

@@ -289,14 +289,17 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-async fn models(State(gw): State<Arc<Gateway>>) -> axum::Json<serde_json::Value> {
+async fn models(State(gw): State<Arc<Gateway>>) -> Response {
     let data: Vec<_> = gw
         .models
         .keys()
         .filter(|k| !is_glob(k))
         .map(|k| serde_json::json!({"id": k, "object": "model", "created": 0, "owned_by": "stanch-gateway"}))
         .collect();
-    axum::Json(serde_json::json!({"object": "list", "data": data}))
+    let mut response =
+        axum::Json(serde_json::json!({"object": "list", "data": data})).into_response();
+    proxy::with_route_version(&gw, &mut response);
+    response
 }
 
 fn status_value(gw: &Gateway) -> serde_json::Value {

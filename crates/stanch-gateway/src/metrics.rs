@@ -88,6 +88,9 @@ pub struct Metrics {
     pub latency: Family<ModelLabel, Histogram>,
     /// Time to first token of streamed answers, by model.
     pub ttft: Family<ModelLabel, Histogram>,
+    /// Requests turned away before routing (bad JSON, unknown model, unknown key, too
+    /// large), by kind: bounded, unlike the names callers send.
+    pub rejected: Family<KindLabel, Counter>,
     /// Retries, by model.
     pub retries: Family<ModelLabel, Counter>,
     /// Fallbacks by kind: `pool`, `model`, `larger_context`, `faq`.
@@ -136,6 +139,7 @@ impl Metrics {
             attempts: Family::default(),
             latency: Family::new_with_constructor(histogram),
             ttft: Family::new_with_constructor(histogram),
+            rejected: Family::default(),
             retries: Family::default(),
             fallbacks: Family::default(),
             degraded: Family::default(),
@@ -169,6 +173,11 @@ impl Metrics {
             "time_to_first_token_seconds",
             "Time to the first streamed token",
             m.ttft.clone(),
+        );
+        registry.register(
+            "rejected_requests",
+            "Requests turned away before routing, by kind",
+            m.rejected.clone(),
         );
         registry.register(
             "retries",

@@ -21,6 +21,7 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use stanch_api::headers::{DEGRADED, ROUTE_VERSION};
 use stanch_api::{RouteTable, Rung, Timestamp};
+use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -121,7 +122,54 @@ enum Attempt {
     Failed(Outcome),
 }
 
+/// A request turned away before routing: the caller's fault, never an upstream's.
+struct Rejected {
+    status: StatusCode,
+    /// OpenAI's error code, and the `kind` of `stanch_gateway_rejected_requests_total`.
+    code: &'static str,
+    message: String,
+}
+
+impl Rejected {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Rejected {
+        Rejected {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
 async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> Response {
+    match route(gw.clone(), api, request).await {
+        Ok(response) => response,
+        Err(r) => {
+            gw.metrics
+                .rejected
+                .get_or_create(&KindLabel { kind: r.code })
+                .inc();
+            info!(target: "access", outcome = r.code, status = r.status.as_u16(), "request rejected");
+            let mut response = openai_error(r.status, "invalid_request_error", r.code, &r.message);
+            // Answered before routing, but still say which table was in force.
+            with_route_version(&gw, &mut response);
+            response
+        }
+    }
+}
+
+/// Adds `X-Stanch-Route-Version` for the table applied now.
+pub(crate) fn with_route_version(gw: &Gateway, response: &mut Response) {
+    let version = gw.table().map_or(0, |t| t.version);
+    response
+        .headers_mut()
+        .insert(ROUTE_VERSION, HeaderValue::from(version));
+}
+
+async fn route(
+    gw: Arc<Gateway>,
+    api: Api,
+    request: axum::extract::Request,
+) -> Result<Response, Rejected> {
     // The request's own headers, not a copy: header values share its read buffer.
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
@@ -129,54 +177,54 @@ async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> 
     let raw = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {
-            return openai_error(
+            return Err(Rejected::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
                 "body_too_large",
-                &format!("request bodies are limited to {limit} bytes"),
-            );
+                format!("request bodies are limited to {limit} bytes"),
+            ));
         }
     };
     // Only the fields routing needs are read; the body is forwarded as it came.
     let peek: Peek = match serde_json::from_slice(&raw) {
         Ok(p) => p,
         Err(_) => {
-            return openai_error(
+            return Err(Rejected::new(
                 StatusCode::BAD_REQUEST,
-                "invalid_request_error",
                 "invalid_json",
                 "the body must be a JSON object",
-            );
+            ));
         }
     };
     let Some(requested) = peek.model else {
-        return openai_error(
+        return Err(Rejected::new(
             StatusCode::BAD_REQUEST,
-            "invalid_request_error",
             "model_required",
             "model: required",
-        );
+        ));
     };
     let Some(model) = gw.resolve(&requested).map(str::to_owned) else {
-        return openai_error(
+        return Err(Rejected::new(
             StatusCode::NOT_FOUND,
-            "invalid_request_error",
             "model_not_found",
-            &format!("model {requested:?} is not served here"),
-        );
+            format!("model {requested:?} is not served here"),
+        ));
     };
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let tenant = presented.and_then(|key| gw.tenants.iter().find(|t| t.key.expose_secret() == key));
+    // Constant-time: how much of a key matched must not show in the answer's timing.
+    let tenant = presented.and_then(|key| {
+        gw.tenants
+            .iter()
+            .find(|t| bool::from(t.key.expose_secret().as_bytes().ct_eq(key.as_bytes())))
+    });
     if gw.config.require_tenant && tenant.is_none() {
-        return openai_error(
+        return Err(Rejected::new(
             StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
             "invalid_api_key",
             "unknown API key",
-        );
+        ));
     }
     let vip = tenant.is_some_and(|t| t.vip);
     let wall = gw.clock.now();
@@ -210,7 +258,7 @@ async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> 
     if let Some(e) = entry(&model) {
         match e.rung {
             Rung::Static if api.answers_from_faq() => {
-                return faq_answer(&ctx, e.faq.as_deref(), "static");
+                return Ok(faq_answer(&ctx, e.faq.as_deref(), "static"));
             }
             Rung::Degraded => {
                 let exempt = vip && e.alias_exempt.iter().any(|c| c == "vip");
@@ -231,7 +279,7 @@ async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> 
     if ctx.degraded {
         if let Some(e) = entry(&serve).filter(|e| e.rung == Rung::Static && api.answers_from_faq())
         {
-            return faq_answer(&ctx, e.faq.as_deref(), "static");
+            return Ok(faq_answer(&ctx, e.faq.as_deref(), "static"));
         }
     }
     let mut targets = plan(&gw, &serve, &entry);
@@ -306,7 +354,7 @@ async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> 
             in_pool += 1;
             match attempt(&ctx, &endpoint, deadline).await {
                 Attempt::Answer(response) => {
-                    return finish(&ctx, response, Some(&endpoint), "success");
+                    return Ok(finish(&ctx, response, Some(&endpoint), "success"));
                 }
                 Attempt::Caller(Outcome::ContextTooLong, response) => {
                     let larger = gw
@@ -327,11 +375,13 @@ async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> 
                             t = 0;
                             continue 'targets;
                         }
-                        _ => return finish(&ctx, response, Some(&endpoint), "context_too_long"),
+                        _ => {
+                            return Ok(finish(&ctx, response, Some(&endpoint), "context_too_long"));
+                        }
                     }
                 }
                 Attempt::Caller(outcome, response) => {
-                    return finish(&ctx, response, Some(&endpoint), outcome.label());
+                    return Ok(finish(&ctx, response, Some(&endpoint), outcome.label()));
                 }
                 Attempt::Failed(outcome) => {
                     if outcome.excludes_endpoint() {
@@ -355,7 +405,7 @@ async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> 
             .get_or_create(&KindLabel { kind: "faq" })
             .inc();
         let faq = gw.config.models.get(&serve).and_then(|m| m.faq.clone());
-        return faq_answer(&ctx, faq.as_deref(), "faq_fallback");
+        return Ok(faq_answer(&ctx, faq.as_deref(), "faq_fallback"));
     }
     let response = openai_error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -363,7 +413,7 @@ async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> 
         "upstreams_unavailable",
         "every upstream failed; retry later",
     );
-    finish(&ctx, response, None, "exhausted")
+    Ok(finish(&ctx, response, None, "exhausted"))
 }
 
 /// The (model, pool) pairs to try in order: the model's active pool, its other pools,

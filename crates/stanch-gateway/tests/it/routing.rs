@@ -196,6 +196,51 @@ async fn globs_forward_the_requested_name_and_unknown_models_are_404() {
     assert_eq!(r.status(), 200);
     let r = f.gw.chat("gpt-9", false).await;
     assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.headers()["x-stanch-route-version"],
+        "0",
+        "answers made before routing carry the version too"
+    );
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "model_not_found");
+}
+
+#[tokio::test]
+async fn every_answer_carries_the_route_version_and_rejections_are_counted() {
+    let mut f = fleet().await;
+    f.gw.table(&[("qwen-72b", Rung::Failover, "dc-b", None)], vec![]);
+    let bad =
+        f.gw.http
+            .post(format!("{}/v1/chat/completions", f.gw.base))
+            .body("{not json")
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(bad.headers()["x-stanch-route-version"], "1");
+    // Counted by kind, never by the name a caller made up.
+    f.gw.chat("gpt-9", false).await;
+    let metrics = f.gw.metrics().await;
+    for kind in ["invalid_json", "model_not_found"] {
+        assert_eq!(
+            sample(
+                &metrics,
+                "stanch_gateway_rejected_requests_total",
+                &[("kind", kind)]
+            ),
+            1.0,
+            "{kind}"
+        );
+    }
+    assert!(!metrics.contains("gpt-9"));
+    let models =
+        f.gw.http
+            .get(format!("{}/v1/models", f.gw.base))
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(models.status(), 200);
+    assert_eq!(models.headers()["x-stanch-route-version"], "1");
+    let (_, served) = served_by(&f.gw, "acme-key").await;
+    assert_eq!(served["x-stanch-route-version"], "1");
 }

@@ -3,5 +3,6 @@
 
 mod failures;
 mod fleet;
+mod process;
 mod routing;
 mod support;

@@ -1,0 +1,118 @@
+//! The `stanch-gateway` binary as it is run: several worker threads, one gateway.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::support::*;
+
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn the_binary_serves_from_several_threads_and_stops_on_sigint() {
+    let up = Upstream::start("qwen-72b", "a").await;
+    let dir = std::env::temp_dir().join(format!("stanch-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gateway.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "models:\n  qwen-72b:\n    pools:\n      - {{name: p, endpoints: [{{url: '{}'}}]}}\n",
+            up.base
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut gateway = Killed(
+        Command::new(env!("CARGO_BIN_EXE_stanch-gateway"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--worker-threads", "3"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut up_yet = false;
+    for _ in 0..100 {
+        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
+            up_yet = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up_yet, "the gateway listens");
+
+    // Each request on a connection of its own, served by whichever worker thread.
+    let body = serde_json::json!({"model": "qwen-72b", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    for i in 0..24 {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let r = http
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status(), 200, "request {i}");
+        assert_eq!(r.headers()["x-stanch-route-version"], "0");
+    }
+    // One gateway behind the threads: one set of metrics counts them all.
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let served = sample(
+        &metrics,
+        "stanch_gateway_requests_total",
+        &[("model", "qwen-72b"), ("status_class", "2xx")],
+    );
+    assert_eq!(served, 24.0);
+    assert_eq!(up.requests(), 24);
+
+    // SIGINT stops it cleanly.
+    let pid = gateway.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut exited = None;
+    for _ in 0..100 {
+        if let Some(status) = gateway.0.try_wait().unwrap() {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "exits cleanly on SIGINT: {exited:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -495,4 +495,10 @@ async fn pools_the_table_failed_away_from_are_probed_and_counted() {
     let before = a.mock.stats().probes;
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert_eq!(a.mock.stats().probes, before, "no probes while dc-a serves");
+
+    // Static: callers get the FAQ, so every pool of the model is probed.
+    gw.table(&[("qwen-72b", Rung::Static, "dc-a", None)], vec![]);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(a.mock.stats().probes > before, "dc-a probed while static");
+    assert!(b.mock.stats().probes >= 2, "dc-b probed while static");
 }

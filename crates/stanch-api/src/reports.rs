@@ -25,7 +25,8 @@ pub struct EndpointReport {
     pub successes: u64,
     /// Endpoint failures since the last report (caller faults excluded).
     pub failures: u64,
-    /// Failures in a row as of now.
+    /// The longest run of failures in a row since the last report, including a run
+    /// still going (a gateway's own block may have ended it; the run still counts).
     pub consecutive_failures: u32,
 }
 

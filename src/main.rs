@@ -252,7 +252,9 @@ fn serve(args: ServeArgs) -> ExitCode {
 async fn run(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
     let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
-    controller.run_until(shutdown_signal()).await;
+    controller
+        .run_until(stanch_server::net::shutdown_signal())
+        .await;
     Ok(())
 }
 
@@ -267,27 +269,6 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(4096)
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }
 
 fn init_logging(format: LogFormat) {

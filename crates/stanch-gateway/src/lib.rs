@@ -413,15 +413,23 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     r
 }
 
-/// Serves `router` on `listener` until `shutdown`.
+/// How the gateway's listener treats connections: headers within 30 s (slowloris), a
+/// caller that takes no bytes for 30 s is cut off, and at shutdown streams in flight get
+/// 30 s to finish (Kubernetes' default grace period) before they are closed.
+const LIMITS: stanch_net::ConnLimits = stanch_net::ConnLimits {
+    write_timeout: Duration::from_secs(30),
+    header_timeout: Duration::from_secs(30),
+    drain: Duration::from_secs(30),
+};
+
+/// Serves the gateway on `listener` until `shutdown`, then drains in-flight requests.
 pub async fn serve(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(gateway))
-        .with_graceful_shutdown(shutdown)
-        .await
+    stanch_net::serve(listener, router(gateway), None, LIMITS, shutdown).await;
+    Ok(())
 }
 
 /// Reports per-endpoint outcome counts to the controller every `interval`, so that the

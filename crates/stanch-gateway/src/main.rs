@@ -140,9 +140,7 @@ async fn run(config: GatewayConfig, listen: SocketAddr) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(%listen, "stanch-gateway listening");
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+    let shutdown = stanch_net::shutdown_signal();
     stanch_gateway::serve(listener, gateway, shutdown).await?;
     Ok(())
 }

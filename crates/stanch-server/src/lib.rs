@@ -13,7 +13,8 @@ pub mod error;
 pub mod gateways;
 pub mod history;
 pub mod metrics;
-pub mod net;
+/// The listener, shared with the gateway.
+pub use stanch_net as net;
 pub mod publish;
 pub mod reconcile;
 pub mod store;

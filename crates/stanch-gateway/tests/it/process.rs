@@ -23,7 +23,7 @@ fn free_port() -> u16 {
 }
 
 #[tokio::test]
-async fn the_binary_serves_from_several_threads_and_stops_on_sigint() {
+async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint() {
     let up = Upstream::start("qwen-72b", "a").await;
     let dir = std::env::temp_dir().join(format!("stanch-gw-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -93,11 +93,39 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigint() {
     assert_eq!(served, 24.0);
     assert_eq!(up.requests(), 24);
 
-    // SIGINT stops it cleanly.
+    // SIGTERM (what Kubernetes sends) stops it cleanly, keep-alive connections and all.
+    stops_cleanly_on(&mut gateway, "-TERM").await;
+
+    // And so does SIGINT.
+    let mut again = Killed(
+        Command::new(env!("CARGO_BIN_EXE_stanch-gateway"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut listening = false;
+    for _ in 0..100 {
+        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
+            listening = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(listening, "the gateway listens again");
+    stops_cleanly_on(&mut again, "-INT").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn stops_cleanly_on(gateway: &mut Killed, signal: &str) {
     let pid = gateway.0.id().to_string();
     assert!(
         Command::new("kill")
-            .args(["-INT", &pid])
+            .args([signal, &pid])
             .status()
             .unwrap()
             .success()
@@ -112,7 +140,6 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigint() {
     }
     assert!(
         exited.is_some_and(|s| s.success()),
-        "exits cleanly on SIGINT: {exited:?}"
+        "exits cleanly on {signal}: {exited:?}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

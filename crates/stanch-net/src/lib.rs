@@ -1,7 +1,9 @@
-//! The listener: plain or TLS, one task per connection, with limits that keep a
-//! misbehaving client from holding resources: a header read timeout (slowloris) and
-//! a write deadline (a client that stops reading is disconnected, which is how slow
-//! SSE watchers are closed without ever blocking the writer).
+//! The listener the controller and the gateway share: plain or TLS, one task per
+//! connection, TCP_NODELAY, and limits that keep a misbehaving client from holding
+//! resources: a header read timeout (slowloris) and a write deadline (a client that
+//! stops reading is disconnected, which is how slow SSE watchers and streaming callers
+//! are closed without ever blocking the writer). At shutdown, in-flight requests get a
+//! bounded time to finish.
 
 use std::future::Future;
 use std::io;
@@ -109,6 +111,28 @@ pub async fn serve(
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(limits.drain) => debug!("drain timed out; closing the rest"),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (what Kubernetes sends before killing a pod).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
     }
 }
 
@@ -232,6 +256,48 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::WriteDeadline;
+
+    /// Serves a router with one route on loopback with `limits`.
+    async fn listening(
+        limits: super::ConnLimits,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(super::serve(listener, app, None, limits, async {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+        let limits = super::ConnLimits {
+            header_timeout: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let (addr, _stop) = listening(limits).await;
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = Vec::new();
+        // The server answers 408 or just closes; either way the connection ends.
+        let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "disconnected");
+        assert!(started.elapsed() >= Duration::from_millis(150));
+
+        // A well-behaved client is served.
+        let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
+        ok.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        ok.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_stops_reading_is_cut_off() {

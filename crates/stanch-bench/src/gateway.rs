@@ -1,6 +1,6 @@
 //! `stanch-bench gateway`: three mock upstreams, measured directly, through
-//! stanch-gateway, and through nginx, at the same concurrency; then one upstream
-//! turns to 503 mid-run.
+//! stanch-gateway, through a bare hyper proxy (the floor under the gateway's features)
+//! and through nginx, at the same concurrency; then one upstream turns to 503 mid-run.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -364,6 +364,19 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     );
     let gateway_pid = gateway_proc.0.id();
     procs.push(gateway_proc);
+    let bare_port = port()?;
+    let bare_proc = Proc(
+        Command::new(std::env::current_exe()?)
+            .args(["bare-proxy", "--listen", &format!("127.0.0.1:{bare_port}")])
+            .args(mocks.iter().flat_map(|m| ["--upstream", m.as_str()]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot run the bare proxy")?,
+    );
+    let bare_pid = bare_proc.0.id();
+    procs.push(bare_proc);
+    let bare = format!("127.0.0.1:{bare_port}");
     let nginx_port = port()?;
     std::fs::write(
         dir.path().join("nginx.conf"),
@@ -394,6 +407,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         ready(m, "/v1/chat/completions").await?;
     }
     ready(&gateway, "/v1/chat/completions").await?;
+    ready(&bare, "/v1/chat/completions").await?;
     if nginx.is_some() {
         ready(&nginx_addr, "/v1/chat/completions").await?;
     }
@@ -406,47 +420,31 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         "stanch-bench gateway: 3 stanch-mock upstreams, {n} keep-alive connections, {}s each, non-streaming chat",
         args.seconds
     );
+    // The proxies measured: the gateway, the bare hyper proxy under it, and nginx.
+    let mut proxies = vec![
+        ("stanch-gateway", gateway.clone(), gateway_pid),
+        ("bare hyper proxy", bare.clone(), bare_pid),
+    ];
+    if let Some(p) = &nginx {
+        proxies.push(("nginx", nginx_addr.clone(), (p.0).0.id()));
+    }
     let direct = load(&mocks, n, Pace::Saturate, warm, measure).await?;
     println!("{}", line("direct to mocks", &direct));
-    let cpu0 = cpu_seconds(gateway_pid);
-    let through = load(
-        std::slice::from_ref(&gateway),
-        n,
-        Pace::Saturate,
-        warm,
-        measure,
-    )
-    .await?;
-    let gw_cpu = (cpu_seconds(gateway_pid) - cpu0)
-        / (through.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64()));
-    println!(
-        "{}   proxy CPU {:.1} µs/request",
-        line("stanch-gateway", &through),
-        gw_cpu * 1e6
-    );
-    if let Some(p) = &nginx {
-        let pid = (p.0).0.id();
-        let cpu0 = cpu_seconds(pid);
-        let proxied = load(
-            std::slice::from_ref(&nginx_addr),
-            n,
-            Pace::Saturate,
-            warm,
-            measure,
-        )
-        .await?;
-        let ng_cpu = (cpu_seconds(pid) - cpu0)
-            / (proxied.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64()));
-        println!(
-            "{}   proxy CPU {:.1} µs/request",
-            line("nginx", &proxied),
-            ng_cpu * 1e6
-        );
+    let mut saturated = Vec::new();
+    for (name, addr, pid) in &proxies {
+        let cpu0 = cpu_seconds(*pid);
+        let l = load(std::slice::from_ref(addr), n, Pace::Saturate, warm, measure).await?;
+        // Warm-up requests used CPU too; they are not in `latencies`.
+        let requests =
+            l.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64());
+        let cpu = (cpu_seconds(*pid) - cpu0) / requests;
+        println!("{}   proxy CPU {:.1} µs/request", line(name, &l), cpu * 1e6);
+        saturated.push(l);
     }
     println!(
         "at saturation, gateway added latency: p50 {}  p99 {}",
-        show(added(&through, &direct, 0.5)),
-        show(added(&through, &direct, 0.99))
+        show(added(&saturated[0], &direct, 0.5)),
+        show(added(&saturated[0], &direct, 0.99))
     );
 
     // Added latency at a steady rate below saturation.
@@ -454,40 +452,24 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     println!("paced: {rate:.0} req/s over the same {n} connections");
     let direct = load(&mocks, n, Pace::Rate(rate), warm, measure).await?;
     println!("{}", line("direct to mocks", &direct));
-    let through = load(
-        std::slice::from_ref(&gateway),
-        n,
-        Pace::Rate(rate),
-        warm,
-        measure,
-    )
-    .await?;
-    println!("{}", line("stanch-gateway", &through));
-    let proxied = match &nginx {
-        Some(_) => {
-            let l = load(
-                std::slice::from_ref(&nginx_addr),
-                n,
-                Pace::Rate(rate),
-                warm,
-                measure,
-            )
-            .await?;
-            println!("{}", line("nginx", &l));
-            Some(l)
-        }
-        None => None,
-    };
-    println!(
-        "paced, gateway added latency: p50 {}  p99 {}",
-        show(added(&through, &direct, 0.5)),
-        show(added(&through, &direct, 0.99))
-    );
-    if let Some(proxied) = &proxied {
+    let mut paced = Vec::new();
+    for (name, addr, _) in &proxies {
+        let l = load(
+            std::slice::from_ref(addr),
+            n,
+            Pace::Rate(rate),
+            warm,
+            measure,
+        )
+        .await?;
+        println!("{}", line(name, &l));
+        paced.push(l);
+    }
+    for ((name, _, _), l) in proxies.iter().zip(&paced) {
         println!(
-            "paced, nginx added latency:   p50 {}  p99 {}",
-            show(added(proxied, &direct, 0.5)),
-            show(added(proxied, &direct, 0.99))
+            "paced, {name} added latency: p50 {}  p99 {}",
+            show(added(l, &direct, 0.5)),
+            show(added(l, &direct, 0.99))
         );
     }
 

@@ -31,10 +31,22 @@ struct Cli {
 enum Bench {
     /// The controller: webhook-to-visible latency, intake throughput, watch fan-out and RSS.
     Controller(ControllerArgs),
-    /// The gateway: direct vs stanch-gateway vs nginx, then an upstream failing mid-run.
+    /// The gateway: direct vs stanch-gateway vs a bare hyper proxy vs nginx, then an
+    /// upstream failing mid-run.
     Gateway(gateway::GatewayArgs),
+    /// The bare hyper proxy the gateway benchmark measures as a floor (run by it).
+    #[command(hide = true)]
+    BareProxy {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// An upstream host:port (repeat for round robin).
+        #[arg(long, required = true)]
+        upstream: Vec<String>,
+    },
 }
 
+mod bare;
 mod gateway;
 
 #[derive(Debug, clap::Args)]
@@ -62,12 +74,20 @@ struct ControllerArgs {
     fanout_rounds: usize,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Bench::Controller(args) => controller(args).await,
-        Bench::Gateway(args) => gateway::run(args).await,
+fn main() -> anyhow::Result<()> {
+    let command = Cli::parse().command;
+    if let Bench::BareProxy { listen, upstream } = command {
+        // On a thread of its own, like the gateway it stands beside.
+        return bare::run(listen, upstream);
     }
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        match command {
+            Bench::Controller(args) => controller(args).await,
+            Bench::Gateway(args) => gateway::run(args).await,
+            Bench::BareProxy { .. } => unreachable!("served above"),
+        }
+    })
 }
 
 struct Server {

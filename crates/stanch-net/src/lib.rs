@@ -282,7 +282,7 @@ mod tests {
         slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
             .await
             .unwrap();
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let mut buf = Vec::new();
         // The server answers 408 or just closes; either way the connection ends.
         let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;

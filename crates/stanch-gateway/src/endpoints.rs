@@ -46,6 +46,8 @@ pub struct Endpoint {
     pub alone: bool,
     /// Its URIs for chat, completions and embeddings, parsed once.
     pub(crate) uris: [hyper::Uri; 3],
+    /// Its `Host` header, made once rather than formatted for every request.
+    pub(crate) host: Option<hyper::header::HeaderValue>,
     in_flight: AtomicU32,
     health: Mutex<Health>,
     /// Metric handles of the common path, resolved once so a success allocates nothing.
@@ -149,12 +151,17 @@ impl Endpoint {
     ) -> Endpoint {
         let base = url.trim_end_matches('/');
         let uri = |path: &str| format!("{base}{path}").parse().unwrap_or_default();
+        let uris: [hyper::Uri; 3] = [
+            uri("/v1/chat/completions"),
+            uri("/v1/completions"),
+            uri("/v1/embeddings"),
+        ];
+        let host = uris[0]
+            .authority()
+            .and_then(|a| hyper::header::HeaderValue::from_str(a.as_str()).ok());
         Endpoint {
-            uris: [
-                uri("/v1/chat/completions"),
-                uri("/v1/completions"),
-                uri("/v1/embeddings"),
-            ],
+            uris,
+            host,
             url: base.to_owned(),
             model: model.to_owned(),
             pool: pool.to_owned(),
@@ -504,6 +511,15 @@ mod tests {
             jitter: 0.0,
             ..BlockingPolicy::default()
         }
+    }
+
+    #[test]
+    fn uris_and_host_are_made_once_from_the_url() {
+        let e = ep("http://10.0.0.7:8000/", false);
+        assert_eq!(e.url, "http://10.0.0.7:8000");
+        assert_eq!(e.uris[0], "http://10.0.0.7:8000/v1/chat/completions");
+        assert_eq!(e.uris[2], "http://10.0.0.7:8000/v1/embeddings");
+        assert_eq!(e.host.as_ref().unwrap(), "10.0.0.7:8000");
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, Method, Request, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -31,6 +31,11 @@ use crate::metrics::{AttemptLabels, KindLabel, ModelLabel, RequestLabels};
 use crate::outcome::{Outcome, classify_status, retry_after};
 use crate::sse::{Event, Parser};
 use crate::{Gateway, openai_error};
+
+/// Header names, parsed once: a `&str` name is parsed again on every insert.
+static ROUTE_VERSION_HEADER: HeaderName = HeaderName::from_static(ROUTE_VERSION);
+static DEGRADED_HEADER: HeaderName = HeaderName::from_static(DEGRADED);
+static ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-stanch-attempts");
 
 /// How long to wait for `[DONE]` after the final chunk before adding it ourselves.
 const DONE_GRACE: Duration = Duration::from_millis(200);
@@ -162,7 +167,7 @@ pub(crate) fn with_route_version(gw: &Gateway, response: &mut Response) {
     let version = gw.table().map_or(0, |t| t.version);
     response
         .headers_mut()
-        .insert(ROUTE_VERSION, HeaderValue::from(version));
+        .insert(&ROUTE_VERSION_HEADER, HeaderValue::from(version));
 }
 
 async fn route(
@@ -509,7 +514,13 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
     let mut request = Request::builder()
         .method(Method::POST)
         .uri(endpoint.uris[ctx.api as usize].clone())
-        .header(header::CONTENT_TYPE, "application/json");
+        .header(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    if let Some(host) = &endpoint.host {
+        request = request.header(header::HOST, host.clone());
+    }
     if let Some(key) = &endpoint.api_key {
         request = request.header(
             header::AUTHORIZATION,
@@ -792,10 +803,10 @@ fn finish(
     outcome: &'static str,
 ) -> Response {
     let h = response.headers_mut();
-    h.insert(ROUTE_VERSION, HeaderValue::from(ctx.version));
-    h.insert("x-stanch-attempts", HeaderValue::from(ctx.attempts));
+    h.insert(&ROUTE_VERSION_HEADER, HeaderValue::from(ctx.version));
+    h.insert(&ATTEMPTS_HEADER, HeaderValue::from(ctx.attempts));
     if ctx.degraded {
-        h.insert(DEGRADED, HeaderValue::from_static("true"));
+        h.insert(&DEGRADED_HEADER, HeaderValue::from_static("true"));
     }
     let status = response.status();
     let status_class = match status.as_u16() {
@@ -935,6 +946,6 @@ fn faq_answer(ctx: &Ctx, set: Option<&str>, outcome: &'static str) -> Response {
     };
     response
         .headers_mut()
-        .insert(DEGRADED, HeaderValue::from_static("static"));
+        .insert(&DEGRADED_HEADER, HeaderValue::from_static("static"));
     finish(ctx, response, None, outcome)
 }

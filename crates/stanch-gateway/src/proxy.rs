@@ -251,14 +251,7 @@ async fn route(
         tenant: tenant.map_or_else(|| "anonymous".to_owned(), |t| t.name.clone()),
     };
 
-    // An entry whose lease has passed is not honoured: routing falls back to normal.
-    let entry = |m: &str| {
-        table
-            .as_ref()
-            .and_then(|t| t.models.get(m))
-            .filter(|e| e.lease_until > wall)
-            .cloned()
-    };
+    let entry = |m: &str| honoured(table.as_deref(), m, wall);
     let mut serve = model.clone();
     if let Some(e) = entry(&model) {
         match e.rung {
@@ -267,8 +260,12 @@ async fn route(
             }
             Rung::Degraded => {
                 let exempt = vip && e.alias_exempt.iter().any(|c| c == "vip");
-                if let Some(alias) = e.alias.filter(|a| !exempt && gw.models.contains_key(a)) {
-                    serve = alias;
+                if let Some(alias) = e
+                    .alias
+                    .as_ref()
+                    .filter(|a| !exempt && gw.models.contains_key(*a))
+                {
+                    serve.clone_from(alias);
                     ctx.degraded = true;
                     gw.metrics
                         .degraded
@@ -287,7 +284,7 @@ async fn route(
             return Ok(faq_answer(&ctx, e.faq.as_deref(), "static"));
         }
     }
-    let mut targets = plan(&gw, &serve, &entry);
+    let mut targets = plan(&gw, &serve, table.as_deref(), wall);
     let mut redirected = false;
     let mut tried: Vec<Arc<Endpoint>> = Vec::new();
     let policy = &gw.config.retry;
@@ -376,7 +373,7 @@ async fn route(
                                     kind: "larger_context",
                                 })
                                 .inc();
-                            targets = plan(&gw, &l, &entry);
+                            targets = plan(&gw, &l, table.as_deref(), wall);
                             t = 0;
                             continue 'targets;
                         }
@@ -421,12 +418,23 @@ async fn route(
     Ok(finish(&ctx, response, None, "exhausted"))
 }
 
+/// The table's entry for `model`, unless its lease has passed: an expired entry is not
+/// honoured, and routing falls back to normal (fail-open).
+fn honoured<'t>(
+    table: Option<&'t RouteTable>,
+    model: &str,
+    wall: Timestamp,
+) -> Option<&'t stanch_api::ModelRoute> {
+    table?.models.get(model).filter(|e| e.lease_until > wall)
+}
+
 /// The (model, pool) pairs to try in order: the model's active pool, its other pools,
 /// then each fallback model's active and other pools.
 fn plan(
     gw: &Gateway,
     model: &str,
-    entry: &dyn Fn(&str) -> Option<stanch_api::ModelRoute>,
+    table: Option<&RouteTable>,
+    wall: Timestamp,
 ) -> Vec<(String, usize)> {
     let mut out = Vec::new();
     let fallbacks = gw
@@ -439,7 +447,7 @@ fn plan(
         let Some(plan) = gw.models.get(&m) else {
             continue;
         };
-        let active = entry(&m)
+        let active = honoured(table, &m, wall)
             .and_then(|e| plan.pools.iter().position(|(name, _)| *name == e.pool))
             .unwrap_or(0);
         out.push((m.clone(), active));

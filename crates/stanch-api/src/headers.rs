@@ -16,3 +16,5 @@ pub const ROUTE_VERSION: &str = "x-stanch-route-version";
 pub const DEGRADED: &str = "x-llm-degraded";
 /// On responses a local rate limiter generated: never counted as an upstream failure.
 pub const RATE_LIMITED: &str = "x-rate-limited";
+/// On a gateway's health probes: never counted as traffic.
+pub const PROBE: &str = "x-stanch-probe";

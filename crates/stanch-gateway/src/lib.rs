@@ -587,7 +587,7 @@ async fn probe(gateway: &Gateway, e: &Endpoint, timeout: Duration) -> bool {
     let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
     let mut request = hyper::Request::post(e.uris[0].clone())
         .header(header::CONTENT_TYPE, "application/json")
-        .header("x-stanch-probe", "1");
+        .header(stanch_api::headers::PROBE, "1");
     if let Some(key) = &e.api_key {
         request = request.header(
             header::AUTHORIZATION,

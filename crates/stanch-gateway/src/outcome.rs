@@ -7,6 +7,9 @@ use std::time::Duration;
 pub enum Outcome {
     /// A complete answer.
     Success,
+    /// 429 from a local rate limiter in front of the endpoint (`X-Rate-Limited: true`):
+    /// not the endpoint's answer, so it never counts against it; the request moves on.
+    LocalRateLimited,
     /// 429; maybe with how long to stay away.
     RateLimited {
         /// From `Retry-After`.
@@ -36,8 +39,9 @@ pub enum Outcome {
 
 /// Every outcome label, so that counters can start at zero: a series that exists before
 /// the first failure lets `rate()` see that failure on the very next scrape.
-pub const LABELS: [&str; 12] = [
+pub const LABELS: [&str; 13] = [
     "success",
+    "local_rate_limited",
     "rate_limited",
     "quota",
     "server_error",
@@ -56,13 +60,11 @@ impl Outcome {
     pub fn is_endpoint_failure(&self) -> bool {
         !matches!(
             self,
-            Outcome::Success | Outcome::CallerFault(_) | Outcome::ContextTooLong
+            Outcome::Success
+                | Outcome::CallerFault(_)
+                | Outcome::ContextTooLong
+                | Outcome::LocalRateLimited
         )
-    }
-
-    /// Another endpoint may do better.
-    pub fn is_retryable(&self) -> bool {
-        self.is_endpoint_failure()
     }
 
     /// The endpoint must not be tried again for this request (it was too slow).
@@ -74,6 +76,7 @@ impl Outcome {
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Success => "success",
+            Outcome::LocalRateLimited => "local_rate_limited",
             Outcome::RateLimited { .. } => "rate_limited",
             Outcome::Quota => "quota",
             Outcome::ServerError(_) => "server_error",
@@ -89,14 +92,21 @@ impl Outcome {
     }
 }
 
-/// Classifies an error status with its body (for OpenAI's error `code`).
-pub fn classify_status(status: u16, retry_after: Option<Duration>, body: &[u8]) -> Outcome {
+/// Classifies an error status with its body (for OpenAI's error `code`); `local` is a
+/// response marked `X-Rate-Limited: true`.
+pub fn classify_status(
+    status: u16,
+    retry_after: Option<Duration>,
+    local: bool,
+    body: &[u8],
+) -> Outcome {
     let code = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
         .unwrap_or_default();
     match status {
         402 => Outcome::Quota,
+        429 if local => Outcome::LocalRateLimited,
         429 if code == "insufficient_quota" => Outcome::Quota,
         429 => Outcome::RateLimited { retry_after },
         401 | 403 => Outcome::UpstreamAuth(status),
@@ -121,19 +131,28 @@ mod tests {
     #[test]
     fn classification() {
         assert_eq!(
-            classify_status(429, None, b""),
+            classify_status(429, None, false, b""),
             Outcome::RateLimited { retry_after: None }
         );
         assert_eq!(
-            classify_status(429, None, br#"{"error":{"code":"insufficient_quota"}}"#),
+            classify_status(
+                429,
+                None,
+                false,
+                br#"{"error":{"code":"insufficient_quota"}}"#
+            ),
             Outcome::Quota
         );
-        assert_eq!(classify_status(402, None, b""), Outcome::Quota);
-        assert_eq!(classify_status(503, None, b""), Outcome::ServerError(503));
+        assert_eq!(classify_status(402, None, false, b""), Outcome::Quota);
+        assert_eq!(
+            classify_status(503, None, false, b""),
+            Outcome::ServerError(503)
+        );
         assert_eq!(
             classify_status(
                 400,
                 None,
+                false,
                 br#"{"error":{"code":"context_length_exceeded"}}"#
             ),
             Outcome::ContextTooLong
@@ -142,16 +161,28 @@ mod tests {
             classify_status(
                 400,
                 None,
+                false,
                 br#"{"error":{"code":"content_policy_violation"}}"#
             ),
             Outcome::CallerFault(400)
         );
         assert!(!Outcome::CallerFault(400).is_endpoint_failure());
+        assert_eq!(
+            classify_status(429, None, true, b""),
+            Outcome::LocalRateLimited
+        );
+        assert!(!Outcome::LocalRateLimited.is_endpoint_failure());
+        assert_eq!(
+            classify_status(503, None, true, b""),
+            Outcome::ServerError(503),
+            "only a 429 is a rate limiter's answer"
+        );
         assert!(Outcome::UpstreamAuth(401).is_endpoint_failure());
         assert!(Outcome::FirstTokenTimeout.excludes_endpoint());
         assert_eq!(retry_after(Some("3")), Some(Duration::from_secs(3)));
         for o in [
             Outcome::Success,
+            Outcome::LocalRateLimited,
             Outcome::Quota,
             Outcome::ServerError(500),
             Outcome::Connect,

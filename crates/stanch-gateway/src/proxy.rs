@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
-use stanch_api::headers::{DEGRADED, ROUTE_VERSION};
+use stanch_api::headers::{DEGRADED, RATE_LIMITED, ROUTE_VERSION};
 use stanch_api::{RouteTable, Rung, Timestamp};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
@@ -567,10 +567,14 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
                 .get(header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok()),
         );
+        let local = response
+            .headers()
+            .get(RATE_LIMITED)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let bytes = read_limited(response.into_body(), Duration::from_secs(2))
             .await
             .unwrap_or_default();
-        let outcome = classify_status(status.as_u16(), wait, &bytes);
+        let outcome = classify_status(status.as_u16(), wait, local, &bytes);
         record(&ctx.gw, endpoint, &outcome, sent.elapsed());
         if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
             let mut r = Response::new(Body::from(bytes));

@@ -18,6 +18,10 @@ pub enum Fault {
         /// The error `code` in the body, e.g. `insufficient_quota`, `context_length_exceeded`.
         #[serde(default)]
         code: Option<String>,
+        /// Answer as a local rate limiter in front of the server would: with
+        /// `X-Rate-Limited: true`.
+        #[serde(default)]
+        local: bool,
     },
     /// Wait this long before answering at all (no headers until then).
     Latency {

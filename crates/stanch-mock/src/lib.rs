@@ -312,7 +312,7 @@ impl Service<Request<hyper::body::Incoming>> for Resetting {
             );
         if reset {
             let route = openai::route_name(req.uri().path());
-            let probe = req.headers().contains_key(stanch_api_probe_header());
+            let probe = req.headers().contains_key(stanch_api::headers::PROBE);
             self.mock.take_fault(route, probe);
             self.mock.outcome("fault:reset");
             return Box::pin(async { Err(InjectedReset) });
@@ -324,11 +324,6 @@ impl Service<Request<hyper::body::Incoming>> for Resetting {
             Ok(response.unwrap_or_else(|never| match never {}))
         })
     }
-}
-
-/// The header gateways put on health probes.
-pub fn stanch_api_probe_header() -> &'static str {
-    "x-stanch-probe"
 }
 
 /// Serves one instance on `listener` until `shutdown` resolves.

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::{Fault, Mock, stanch_api_probe_header};
+use crate::{Fault, Mock};
 
 /// Fixed, so answers are reproducible.
 const CREATED: u64 = 1_796_000_000;
@@ -50,7 +50,7 @@ fn with_instance(mock: &Mock, mut response: Response) -> Response {
 
 /// Checks the API key and takes the fault; answers at once when the request ends here.
 fn admit(mock: &Mock, headers: &HeaderMap, route: &str) -> Result<Fault, Box<Response>> {
-    let probe = headers.contains_key(stanch_api_probe_header());
+    let probe = headers.contains_key(stanch_api::headers::PROBE);
     if let Some(key) = &mock.config.api_key {
         let given = headers
             .get(header::AUTHORIZATION)
@@ -74,6 +74,7 @@ fn status_fault(
     status: u16,
     retry_after: Option<u64>,
     code: Option<&str>,
+    local: bool,
 ) -> Response {
     mock.outcome("fault:status");
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -88,6 +89,12 @@ fn status_fault(
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if local {
+        response.headers_mut().insert(
+            stanch_api::headers::RATE_LIMITED,
+            HeaderValue::from_static("true"),
+        );
     }
     response
 }
@@ -168,7 +175,8 @@ async fn generate(mock: &Mock, headers: &HeaderMap, raw: &[u8], kind: Kind) -> R
             status,
             retry_after,
             code,
-        } => return status_fault(mock, *status, *retry_after, code.as_deref()),
+            local,
+        } => return status_fault(mock, *status, *retry_after, code.as_deref(), *local),
         Fault::Latency { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
         Fault::NoResponse => {
             mock.outcome("fault:no_response");
@@ -351,10 +359,11 @@ pub(crate) async fn embeddings(
             status,
             retry_after,
             code,
+            local,
         } => {
             return with_instance(
                 &mock,
-                status_fault(&mock, *status, *retry_after, code.as_deref()),
+                status_fault(&mock, *status, *retry_after, code.as_deref(), *local),
             );
         }
         Fault::Latency { ms } | Fault::SlowFirstToken { ms } => {

@@ -101,6 +101,39 @@ async fn quota_and_rate_limits_move_elsewhere() {
 }
 
 #[tokio::test]
+async fn a_local_rate_limiters_429s_never_count_against_the_endpoint() {
+    let (gw, ups) = three().await;
+    ups[0].fault(json!({"kind": "status", "status": 429, "local": true}));
+    for _ in 0..30 {
+        assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    }
+    // Passive blocking would have stopped after 3 in a row: the endpoint keeps its
+    // share, and every one of its answers was the limiter's.
+    let limited = ups[0].requests();
+    assert!(limited > 3, "still tried after the threshold: {limited}");
+    let status = gw.status().await;
+    let seen = status["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["url"] == ups[0].base.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(seen["state"], "ok", "{seen}");
+    assert_eq!(seen["failures"], 0, "{seen}");
+    let metrics = gw.metrics().await;
+    let count = |outcome: &str| {
+        sample(
+            &metrics,
+            "stanch_gateway_upstream_attempts_total",
+            &[("endpoint", ups[0].base.as_str()), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(count("local_rate_limited"), limited as f64);
+    assert_eq!(count("rate_limited"), 0.0);
+}
+
+#[tokio::test]
 async fn retry_after_keeps_the_endpoint_away_at_once() {
     let (gw, ups) = three().await;
     ups[0].fault(json!({"kind": "status", "status": 429, "retry_after": 30}));

@@ -88,7 +88,14 @@ pub(crate) fn table_block(table: &RouteTable, e: &Endpoint, now: Timestamp) -> O
         .blocked
         .iter()
         .filter(|b| b.until > now && b.model.as_ref().is_none_or(|m| *m == e.model))
-        .filter(|b| b.endpoint == e.url || e.url.ends_with(&format!("//{}", b.endpoint)))
+        // A block names the endpoint by URL or by host:port, which the URL ends with
+        // right after `//` (compared in place: this runs for every candidate).
+        .filter(|b| {
+            e.url == b.endpoint
+                || e.url
+                    .strip_suffix(b.endpoint.as_str())
+                    .is_some_and(|scheme| scheme.ends_with("//"))
+        })
         .map(|b| b.until)
         .min()
 }
@@ -960,4 +967,61 @@ fn faq_answer(ctx: &Ctx, set: Option<&str>, outcome: &'static str) -> Response {
         .headers_mut()
         .insert(&DEGRADED_HEADER, HeaderValue::from_static("static"));
     finish(ctx, response, None, outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use stanch_api::{BlockedEndpoint, RouteTable, Timestamp};
+
+    use super::table_block;
+    use crate::endpoints::Endpoint;
+
+    #[test]
+    fn a_table_block_names_an_endpoint_by_url_or_host_and_port() {
+        let e = Endpoint::new(
+            "http://10.0.0.7:8000",
+            "qwen-72b",
+            "dc-a",
+            1,
+            10,
+            None,
+            None,
+            false,
+        );
+        let block = |endpoint: &str, model: Option<&str>, until: i64| BlockedEndpoint {
+            endpoint: endpoint.to_owned(),
+            model: model.map(str::to_owned),
+            until: Timestamp(until),
+            reason: "test".into(),
+        };
+        let table = |blocked: Vec<BlockedEndpoint>| RouteTable {
+            version: 1,
+            epoch: "e".into(),
+            hash: String::new(),
+            generated_at: Timestamp(0),
+            models: Default::default(),
+            blocked,
+        };
+        let now = Timestamp(1_000);
+        let blocked = |b: BlockedEndpoint| table_block(&table(vec![b]), &e, now);
+        assert_eq!(
+            blocked(block("http://10.0.0.7:8000", None, 2_000)),
+            Some(Timestamp(2_000))
+        );
+        assert_eq!(
+            blocked(block("10.0.0.7:8000", Some("qwen-72b"), 3_000)),
+            Some(Timestamp(3_000))
+        );
+        assert_eq!(
+            blocked(block("0.0.7:8000", None, 2_000)),
+            None,
+            "a suffix is not a host"
+        );
+        assert_eq!(
+            blocked(block("10.0.0.7:8000", Some("qwen-14b"), 2_000)),
+            None,
+            "another model"
+        );
+        assert_eq!(blocked(block("10.0.0.7:8000", None, 500)), None, "expired");
+    }
 }

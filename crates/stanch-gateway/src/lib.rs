@@ -74,6 +74,13 @@ pub struct Gateway {
     pub(crate) clock: Arc<dyn Clock>,
 }
 
+/// Every configured endpoint, model by model and pool by pool.
+fn endpoints_of(models: &BTreeMap<String, ModelPlan>) -> impl Iterator<Item = &Arc<Endpoint>> {
+    models
+        .values()
+        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
+}
+
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -156,10 +163,7 @@ impl Gateway {
             .cloned()
             .collect();
         let metrics = Metrics::new();
-        for e in models
-            .values()
-            .flat_map(|m: &ModelPlan| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
-        {
+        for e in endpoints_of(&models) {
             let requests_ok = metrics
                 .requests
                 .get_or_create(&RequestLabels {
@@ -225,6 +229,11 @@ impl Gateway {
             clock,
             config,
         })
+    }
+
+    /// Every configured endpoint.
+    pub(crate) fn endpoints(&self) -> impl Iterator<Item = &Arc<Endpoint>> {
+        endpoints_of(&self.models)
     }
 
     /// Whether active probing of blocked endpoints is on.
@@ -308,9 +317,7 @@ fn status_value(gw: &Gateway) -> serde_json::Value {
     let table = gw.table();
     let slow_start = gw.config.blocking.slow_start.0;
     let endpoints: Vec<_> = gw
-        .models
-        .values()
-        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
+        .endpoints()
         .map(|e| {
             let mut s = serde_json::to_value(e.status(now, slow_start)).unwrap_or_default();
             if let Some(until) = table.as_ref().and_then(|t| proxy::table_block(t, e, wall)) {
@@ -380,11 +387,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             .route_age_seconds
             .set(i64::try_from(wall.since(t.generated_at).as_secs()).unwrap_or(i64::MAX));
     }
-    for e in gw
-        .models
-        .values()
-        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter()))
-    {
+    for e in gw.endpoints() {
         let labels = EndpointLabels {
             endpoint: e.url.clone(),
             model: e.model.clone(),
@@ -444,11 +447,7 @@ pub async fn report_loop(
     use secrecy::ExposeSecret;
     use stanch_api::reports::{EndpointReport, ReportBatch};
     let http = controller_client();
-    let endpoints: Vec<Arc<Endpoint>> = gateway
-        .models
-        .values()
-        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter().cloned()))
-        .collect();
+    let endpoints: Vec<Arc<Endpoint>> = gateway.endpoints().cloned().collect();
     let mut last: Vec<(u64, u64)> = endpoints
         .iter()
         .map(|e| (e.counts().0, e.counts().1))
@@ -540,19 +539,14 @@ pub(crate) fn idle(
 /// is healthy; `blocking.probe.successes` in a row lift a local block early.
 pub async fn probe_loop(gateway: Arc<Gateway>) {
     let policy = gateway.config.blocking.probe.clone();
-    let endpoints: Vec<Arc<Endpoint>> = gateway
-        .models
-        .values()
-        .flat_map(|m| m.pools.iter().flat_map(|(_, eps)| eps.iter().cloned()))
-        .collect();
     let mut ticker = tokio::time::interval(policy.interval.0);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         let table = gateway.table();
         let (now, wall) = (Instant::now(), gateway.clock.now());
-        let due = endpoints
-            .iter()
+        let due = gateway
+            .endpoints()
             .filter_map(|e| idle(e, table.as_deref(), now, wall).map(|why| (e, why)));
         // Concurrently: one slow endpoint does not delay the others' evidence.
         let probes = due.map(|(e, why)| {

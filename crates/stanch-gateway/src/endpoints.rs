@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use secrecy::SecretString;
+use hyper::header::{self, HeaderValue};
+use secrecy::{ExposeSecret, SecretString};
 use stanch_api::Timestamp;
 use stanch_api::hash::Fnv64;
 use tokio::time::Instant;
@@ -40,14 +41,14 @@ pub struct Endpoint {
     pub capacity: u32,
     /// Upstream model name; `None` forwards the requested name.
     pub upstream_model: Option<String>,
-    /// Upstream API key.
-    pub api_key: Option<SecretString>,
     /// The only endpoint of its pool: blocks on it are never extended.
     pub alone: bool,
     /// Its URIs for chat, completions and embeddings, parsed once.
     pub(crate) uris: [hyper::Uri; 3],
     /// Its `Host` header, made once rather than formatted for every request.
-    pub(crate) host: Option<hyper::header::HeaderValue>,
+    host: Option<HeaderValue>,
+    /// `Bearer <upstream API key>`, made once and marked sensitive (never logged).
+    authorization: Option<HeaderValue>,
     in_flight: AtomicU32,
     health: Mutex<Health>,
     /// Metric handles of the common path, resolved once so a success allocates nothing.
@@ -158,7 +159,14 @@ impl Endpoint {
         ];
         let host = uris[0]
             .authority()
-            .and_then(|a| hyper::header::HeaderValue::from_str(a.as_str()).ok());
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        // Gateway::new has checked that the key makes a valid header value.
+        let authorization = api_key.and_then(|key| {
+            let mut value =
+                HeaderValue::from_str(&format!("Bearer {}", key.expose_secret())).ok()?;
+            value.set_sensitive(true);
+            Some(value)
+        });
         Endpoint {
             uris,
             host,
@@ -168,12 +176,28 @@ impl Endpoint {
             weight,
             capacity,
             upstream_model,
-            api_key,
+            authorization,
             alone,
             in_flight: AtomicU32::new(0),
             health: Mutex::new(Health::default()),
             hot: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A POST to its chat (`api` 0), completions (1) or embeddings (2) route, with the
+    /// headers every upstream request carries: `Content-Type`, `Host`, `Authorization`.
+    pub(crate) fn post(&self, api: usize) -> hyper::http::request::Builder {
+        let mut request = hyper::Request::post(self.uris[api].clone()).header(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(host) = &self.host {
+            request = request.header(header::HOST, host.clone());
+        }
+        if let Some(authorization) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, authorization.clone());
+        }
+        request
     }
 
     /// Counts a request in flight until the guard drops.
@@ -520,6 +544,29 @@ mod tests {
         assert_eq!(e.uris[0], "http://10.0.0.7:8000/v1/chat/completions");
         assert_eq!(e.uris[2], "http://10.0.0.7:8000/v1/embeddings");
         assert_eq!(e.host.as_ref().unwrap(), "10.0.0.7:8000");
+        let request = e.post(1).body(()).unwrap();
+        assert_eq!(request.uri(), "http://10.0.0.7:8000/v1/completions");
+        assert_eq!(request.headers()["host"], "10.0.0.7:8000");
+        assert!(request.headers().get("authorization").is_none());
+
+        let keyed = Endpoint::new(
+            "http://10.0.0.7:8000",
+            "m",
+            "p",
+            1,
+            10,
+            None,
+            Some(SecretString::from("sk-test")),
+            false,
+        );
+        let request = keyed.post(0).body(()).unwrap();
+        let authorization = &request.headers()["authorization"];
+        assert_eq!(authorization, "Bearer sk-test");
+        assert!(authorization.is_sensitive(), "kept out of debug output");
+        assert!(
+            !format!("{keyed:?}").contains("sk-test"),
+            "nor in the endpoint's"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -31,7 +31,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use stanch_api::clock::Clock;
 use stanch_api::{RouteTable, Rung};
 use tokio::net::TcpListener;
@@ -108,11 +108,17 @@ impl Gateway {
                 let alone = pool.endpoints.len() == 1;
                 let mut eps = Vec::new();
                 for (j, e) in pool.endpoints.iter().enumerate() {
+                    let what = || format!("models.{name}.pools.{}.endpoints[{j}]", pool.name);
                     let key = secret(e.api_key_env.as_ref(), e.api_key_file.as_ref(), None)
-                        .map_err(|why| StartError::Secret {
-                            what: format!("models.{name}.pools.{}.endpoints[{j}]", pool.name),
-                            why,
-                        })?;
+                        .map_err(|why| StartError::Secret { what: what(), why })?;
+                    if key.as_ref().is_some_and(|k| {
+                        axum::http::HeaderValue::from_str(k.expose_secret()).is_err()
+                    }) {
+                        return Err(StartError::Secret {
+                            what: what(),
+                            why: "the API key has characters an HTTP header cannot carry".into(),
+                        });
+                    }
                     let upstream = e
                         .upstream_model
                         .clone()
@@ -576,19 +582,13 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
 
 /// One probe: a one-token chat completion; true when the endpoint answered 2xx in time.
 async fn probe(gateway: &Gateway, e: &Endpoint, timeout: Duration) -> bool {
-    use secrecy::ExposeSecret;
     let model = e.upstream_model.as_ref().unwrap_or(&e.model);
     let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
-    let mut request = hyper::Request::post(e.uris[0].clone())
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(stanch_api::headers::PROBE, "1");
-    if let Some(key) = &e.api_key {
-        request = request.header(
-            header::AUTHORIZATION,
-            format!("Bearer {}", key.expose_secret()),
-        );
-    }
-    let Ok(request) = request.body(Full::new(Bytes::from(body.to_string()))) else {
+    let request = e
+        .post(0)
+        .header(stanch_api::headers::PROBE, "1")
+        .body(Full::new(Bytes::from(body.to_string())));
+    let Ok(request) = request else {
         return false;
     };
     let answered = async {

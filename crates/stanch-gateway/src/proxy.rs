@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -526,23 +526,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         }
         _ => ctx.raw.clone(),
     };
-    let mut request = Request::builder()
-        .method(Method::POST)
-        .uri(endpoint.uris[ctx.api as usize].clone())
-        .header(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-    if let Some(host) = &endpoint.host {
-        request = request.header(header::HOST, host.clone());
-    }
-    if let Some(key) = &endpoint.api_key {
-        request = request.header(
-            header::AUTHORIZATION,
-            format!("Bearer {}", key.expose_secret()),
-        );
-    }
-    let request = match request.body(Full::new(payload)) {
+    let request = match endpoint.post(ctx.api as usize).body(Full::new(payload)) {
         Ok(r) => r,
         Err(_) => return Attempt::Failed(Outcome::Connect),
     };

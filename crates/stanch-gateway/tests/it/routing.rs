@@ -244,3 +244,27 @@ async fn every_answer_carries_the_route_version_and_rejections_are_counted() {
     let (_, served) = served_by(&f.gw, "acme-key").await;
     assert_eq!(served["x-stanch-route-version"], "1");
 }
+
+#[test]
+fn an_upstream_key_that_cannot_be_a_header_stops_the_start() {
+    use stanch_api::clock::SystemClock;
+    use stanch_gateway::Gateway;
+    use stanch_gateway::config::GatewayConfig;
+    use std::sync::Arc;
+
+    let key = std::env::temp_dir().join(format!("stanch-bad-key-{}", std::process::id()));
+    std::fs::write(&key, "sk-one\nsk-two\n").unwrap();
+    let yaml = format!(
+        "models:\n  m:\n    pools:\n      - {{name: p, endpoints: [{{url: 'http://127.0.0.1:9', api_key_file: '{}'}}]}}\n",
+        key.display()
+    );
+    let config = GatewayConfig::from_yaml(&yaml).unwrap();
+    let err = Gateway::new(config, None, Arc::new(SystemClock))
+        .err()
+        .expect("refused")
+        .to_string();
+    let _ = std::fs::remove_file(&key);
+    assert!(err.contains("models.m.pools.p.endpoints[0]"), "{err}");
+    assert!(err.contains("header"), "{err}");
+    assert!(!err.contains("sk-one"), "the key is never shown: {err}");
+}

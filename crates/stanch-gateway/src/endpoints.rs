@@ -477,11 +477,12 @@ pub fn next_random() -> u64 {
     x
 }
 
-/// Picks among `candidates` (not yet tried for this request). Returns the endpoint and
+/// Picks among `candidates` (not yet tried for this request); `table_blocked` gives the
+/// time left on the route table's block of an endpoint. Returns the endpoint and
 /// whether every candidate was blocked (so a blocked one was used anyway).
 pub fn choose<'a>(
     candidates: &[&'a Endpoint],
-    table_blocked: impl Fn(&Endpoint) -> Option<Timestamp>,
+    table_blocked: impl Fn(&Endpoint) -> Option<Duration>,
     now: Instant,
     slow_start: Duration,
 ) -> Option<(&'a Endpoint, bool)> {
@@ -494,9 +495,12 @@ pub fn choose<'a>(
         // Blocked is lowest priority, not gone: the block ending soonest, then the best
         // success rate, is the most likely to be alive.
         let best = candidates.iter().copied().min_by(|a, b| {
+            // Whichever block, this gateway's or the table's, lasts longer.
             let end = |e: &Endpoint| {
-                e.blocked(now)
-                    .map_or(Duration::ZERO, |u| u.duration_since(now))
+                let local = e
+                    .blocked(now)
+                    .map_or(Duration::ZERO, |u| u.duration_since(now));
+                local.max(table_blocked(e).unwrap_or_default())
             };
             end(a)
                 .cmp(&end(b))
@@ -774,11 +778,140 @@ mod tests {
         );
         let (e, _) = choose(
             &[&fast, &slow],
-            |e| (e.url == "http://fast").then_some(Timestamp(1)),
+            |e| (e.url == "http://fast").then_some(Duration::from_secs(1)),
             now,
             Duration::ZERO,
         )
         .unwrap();
         assert_eq!(e.url, "http://slow", "the route table's blocks count too");
+
+        // Every candidate blocked: the one whose block ends soonest, whoever made it.
+        let (local, by_table) = (ep("http://local", false), ep("http://by-table", false));
+        for _ in 0..3 {
+            local.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+        }
+        let table = |e: &Endpoint| (e.url == "http://by-table").then_some(Duration::from_secs(300));
+        let (e, all_blocked) = choose(&[&local, &by_table], table, now, Duration::ZERO).unwrap();
+        assert!(all_blocked);
+        assert_eq!(
+            e.url, "http://local",
+            "60 s left here beats 300 s left in the table"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_within_the_window_block() {
+        let now = Instant::now();
+        let window = BlockingPolicy {
+            consecutive_failures: 0,
+            window_failures: 3,
+            jitter: 0.0,
+            ..BlockingPolicy::default()
+        };
+        let e = ep("http://a", false);
+        // Successes in between: never three in a row, yet three within the window.
+        for _ in 0..2 {
+            e.record(
+                &Outcome::Connect,
+                Duration::ZERO,
+                &window,
+                now,
+                Timestamp(0),
+            );
+            e.record(
+                &Outcome::Success,
+                Duration::ZERO,
+                &window,
+                now,
+                Timestamp(0),
+            );
+        }
+        let block = e
+            .record(
+                &Outcome::Connect,
+                Duration::ZERO,
+                &window,
+                now,
+                Timestamp(0),
+            )
+            .expect("the third failure in the window blocks");
+        assert_eq!(block.trigger, "window_failures");
+
+        // Failures older than the window no longer count.
+        let f = ep("http://b", false);
+        f.record(
+            &Outcome::Connect,
+            Duration::ZERO,
+            &window,
+            now,
+            Timestamp(0),
+        );
+        f.record(
+            &Outcome::Connect,
+            Duration::ZERO,
+            &window,
+            now,
+            Timestamp(0),
+        );
+        let later = now + window.window.0 + Duration::from_secs(1);
+        assert!(
+            f.record(
+                &Outcome::Connect,
+                Duration::ZERO,
+                &window,
+                later,
+                Timestamp(0)
+            )
+            .is_none()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn weights_and_slow_start_set_the_shares() {
+        let now = Instant::now();
+        let p = policy();
+        let heavy = Endpoint::new("http://heavy", "m", "p", 3, 10, None, None, false);
+        let light = ep("http://light", false);
+        for e in [&heavy, &light] {
+            e.record(
+                &Outcome::Success,
+                Duration::from_millis(50),
+                &p,
+                now,
+                Timestamp(0),
+            );
+        }
+        let share = |a: &Endpoint, b: &Endpoint, at: Instant, slow_start: Duration| {
+            (0..300)
+                .filter(|_| choose(&[a, b], |_| None, at, slow_start).unwrap().0.url == a.url)
+                .count()
+        };
+        // Equal latency: the weight-3 endpoint scores three times better and wins every
+        // comparison.
+        assert_eq!(share(&heavy, &light, now, Duration::ZERO), 300);
+
+        // Just back from a block, an endpoint starts at a tenth of its weight and ramps
+        // up over the slow-start window.
+        let back = ep("http://back", false);
+        let peer = ep("http://peer", false);
+        for _ in 0..3 {
+            back.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+        }
+        let ended = now + Duration::from_secs(61);
+        for e in [&back, &peer] {
+            e.record(
+                &Outcome::Success,
+                Duration::from_millis(50),
+                &p,
+                ended,
+                Timestamp(0),
+            );
+        }
+        let slow_start = Duration::from_secs(30);
+        assert_eq!(
+            share(&back, &peer, ended + Duration::from_secs(1), slow_start),
+            0
+        );
+        assert!(share(&back, &peer, ended + Duration::from_secs(40), slow_start) > 0);
     }
 }

@@ -327,7 +327,13 @@ async fn route(
                     .inc();
                 tokio::time::sleep(backoff(&gw, ctx.attempts)).await;
             }
-            let blocked = |e: &Endpoint| table.as_ref().and_then(|t| table_block(t, e, wall));
+            // Time left on the route table's block of an endpoint, if any.
+            let blocked = |e: &Endpoint| {
+                table
+                    .as_ref()
+                    .and_then(|t| table_block(t, e, wall))
+                    .map(|until| until.since(wall))
+            };
             let Some((chosen, all_blocked)) =
                 choose(&candidates, blocked, now, gw.config.blocking.slow_start.0)
             else {

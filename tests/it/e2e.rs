@@ -902,7 +902,7 @@ async fn time_to_heal() {
     use stanch_api::clock::Clock;
     // 1 s scrapes: a 3 s rate window holds 3 to 4 samples, as the rules' 1m window does at
     // a 15 s scrape interval.
-    let zero_for = regex_free_replace_for(&fast_rules().replace("[5s]", "[3s]"));
+    let zero_for = with_every_for_at_zero(&fast_rules().replace("[5s]", "[3s]"));
     let mut rows = Vec::new();
     // Three runs with gateways as shipped (their own blocks are evidence too), three with
     // passive blocking off (the failure-ratio rule alone).
@@ -984,7 +984,7 @@ async fn time_to_heal() {
 }
 
 /// The rules with every `for:` at 0s.
-fn regex_free_replace_for(rules: &str) -> String {
+fn with_every_for_at_zero(rules: &str) -> String {
     rules
         .lines()
         .map(|l| {

@@ -50,6 +50,8 @@ pub struct WatchConfig {
     pub backoff_min: Duration,
     /// Reconnect backoff: cap.
     pub backoff_max: Duration,
+    /// PEM CA certificates trusted for an `https` controller, besides the Mozilla roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl WatchConfig {
@@ -64,6 +66,7 @@ impl WatchConfig {
             long_poll_wait: Duration::from_secs(30),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
+            ca_pem: None,
         }
     }
 }
@@ -171,11 +174,22 @@ pub fn start(
         }
     }
     let (notify, changed) = watch::channel(current.load().as_ref().map_or(0, |t| t.version));
-    let http = reqwest::Client::builder()
+    let mut http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(3))
-        .tcp_nodelay(true)
-        .build()
-        .expect("an HTTP client builds");
+        .tcp_nodelay(true);
+    if let Some(pem) = &config.ca_pem {
+        match reqwest::Certificate::from_pem_bundle(pem) {
+            Ok(certs) => {
+                for cert in certs {
+                    http = http.add_root_certificate(cert);
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "the controller's CA certificates are unreadable; trusting the Mozilla roots only")
+            }
+        }
+    }
+    let http = http.build().expect("an HTTP client builds");
     let watcher = Watcher {
         config,
         http,

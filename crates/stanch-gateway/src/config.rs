@@ -40,6 +40,20 @@ pub struct GatewayConfig {
     /// Request bodies above this are refused with 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// How `https` endpoints and an `https` controller are trusted.
+    #[serde(default)]
+    pub tls: TlsTrust,
+}
+
+/// Trust for `https` endpoints and controller: the Mozilla root certificates, plus a
+/// private CA's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsTrust {
+    /// A PEM file of further CA certificates (an internal CA in front of model servers
+    /// or of the controller).
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 fn default_max_body() -> usize {
@@ -169,6 +183,10 @@ pub struct Timeouts {
     pub stream_idle: HumanDuration,
     /// The whole request, all attempts included.
     pub total: HumanDuration,
+    /// Keep-alive connections to an upstream are not reused after this long idle.
+    /// Keep it below the upstreams' own keep-alive timeout (uvicorn, hence vLLM: 5 s),
+    /// so a request never races an upstream closing the connection it goes out on.
+    pub idle_connection: HumanDuration,
 }
 
 impl Default for Timeouts {
@@ -179,6 +197,7 @@ impl Default for Timeouts {
             first_token: HumanDuration::secs(15),
             stream_idle: HumanDuration::secs(30),
             total: HumanDuration::secs(300),
+            idle_connection: HumanDuration::secs(4),
         }
     }
 }
@@ -399,8 +418,21 @@ impl GatewayConfig {
                             format!("{:?} is not an http(s) URL", e.url),
                         );
                     }
-                    if e.url.starts_with("https://") {
-                        problem(format!("{ep}.url"), "https upstreams are not supported yet; terminate TLS in front of the upstream".into());
+                    if let Err(why) = e
+                        .url
+                        .parse::<axum::http::Uri>()
+                        .map_err(|e| e.to_string())
+                        .and_then(|u| {
+                            if u.host().is_none_or(str::is_empty) {
+                                Err("no host".to_owned())
+                            } else if u.query().is_some() {
+                                Err("a query string cannot be joined with /v1 paths".to_owned())
+                            } else {
+                                Ok(())
+                            }
+                        })
+                    {
+                        problem(format!("{ep}.url"), format!("{:?}: {why}", e.url));
                     }
                     if e.weight == 0 {
                         problem(format!("{ep}.weight"), "must be at least 1".into());

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::BlockingPolicy;
 use crate::outcome::Outcome;
+use crate::upstream::{Connector, Pool};
 
 /// EWMA smoothing factor.
 const ALPHA: f64 = 0.3;
@@ -43,10 +44,12 @@ pub struct Endpoint {
     pub upstream_model: Option<String>,
     /// The only endpoint of its pool: blocks on it are never extended.
     pub alone: bool,
-    /// Its URIs for chat, completions and embeddings, parsed once.
-    pub(crate) uris: [hyper::Uri; 3],
+    /// Its paths for chat, completions and embeddings (origin form), parsed once.
+    pub(crate) paths: [hyper::Uri; 3],
     /// Its `Host` header, made once rather than formatted for every request.
-    host: Option<HeaderValue>,
+    host: HeaderValue,
+    /// Its connections.
+    pub(crate) conns: Pool,
     /// `Bearer <upstream API key>`, made once and marked sensitive (never logged).
     authorization: Option<HeaderValue>,
     in_flight: AtomicU32,
@@ -135,12 +138,13 @@ impl Drop for InFlight {
 }
 
 impl Endpoint {
-    /// A healthy endpoint.
+    /// A healthy endpoint; fails when `url` is not an `http(s)://host[:port][/path]`
+    /// URL the connector can reach.
     #[expect(
         clippy::too_many_arguments,
         reason = "one constructor from configuration"
     )]
-    pub fn new(
+    pub(crate) fn new(
         url: &str,
         model: &str,
         pool: &str,
@@ -149,17 +153,27 @@ impl Endpoint {
         upstream_model: Option<String>,
         api_key: Option<SecretString>,
         alone: bool,
-    ) -> Endpoint {
+        connector: &Connector,
+    ) -> Result<Endpoint, String> {
         let base = url.trim_end_matches('/');
-        let uri = |path: &str| format!("{base}{path}").parse().unwrap_or_default();
-        let uris: [hyper::Uri; 3] = [
-            uri("/v1/chat/completions"),
-            uri("/v1/completions"),
-            uri("/v1/embeddings"),
-        ];
-        let host = uris[0]
+        let parsed: hyper::Uri = base.parse().map_err(|e| format!("{url:?}: {e}"))?;
+        let authority = parsed
             .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+            .ok_or_else(|| format!("{url:?}: no host"))?;
+        let host =
+            HeaderValue::from_str(authority.as_str()).map_err(|e| format!("{url:?}: {e}"))?;
+        let prefix = parsed.path().trim_end_matches('/');
+        let path = |api: &str| {
+            format!("{prefix}{api}")
+                .parse::<hyper::Uri>()
+                .map_err(|e| format!("{url:?}: {e}"))
+        };
+        let paths = [
+            path("/v1/chat/completions")?,
+            path("/v1/completions")?,
+            path("/v1/embeddings")?,
+        ];
+        let conns = Pool::new(&parsed, connector.clone())?;
         // Gateway::new has checked that the key makes a valid header value.
         let authorization = api_key.and_then(|key| {
             let mut value =
@@ -167,9 +181,10 @@ impl Endpoint {
             value.set_sensitive(true);
             Some(value)
         });
-        Endpoint {
-            uris,
+        Ok(Endpoint {
+            paths,
             host,
+            conns,
             url: base.to_owned(),
             model: model.to_owned(),
             pool: pool.to_owned(),
@@ -181,19 +196,18 @@ impl Endpoint {
             in_flight: AtomicU32::new(0),
             health: Mutex::new(Health::default()),
             hot: std::sync::OnceLock::new(),
-        }
+        })
     }
 
     /// A POST to its chat (`api` 0), completions (1) or embeddings (2) route, with the
     /// headers every upstream request carries: `Content-Type`, `Host`, `Authorization`.
     pub(crate) fn post(&self, api: usize) -> hyper::http::request::Builder {
-        let mut request = hyper::Request::post(self.uris[api].clone()).header(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(host) = &self.host {
-            request = request.header(header::HOST, host.clone());
-        }
+        let mut request = hyper::Request::post(self.paths[api].clone())
+            .header(header::HOST, self.host.clone())
+            .header(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
         if let Some(authorization) = &self.authorization {
             request = request.header(header::AUTHORIZATION, authorization.clone());
         }
@@ -530,7 +544,11 @@ mod tests {
     use super::*;
 
     fn ep(url: &str, alone: bool) -> Endpoint {
-        Endpoint::new(url, "m", "p", 1, 10, None, None, alone)
+        Endpoint::new(url, "m", "p", 1, 10, None, None, alone, &Connector::plain()).unwrap()
+    }
+
+    fn ep_result(url: &str) -> Result<Endpoint, String> {
+        Endpoint::new(url, "m", "p", 1, 10, None, None, false, &Connector::plain())
     }
 
     fn policy() -> BlockingPolicy {
@@ -542,15 +560,19 @@ mod tests {
     }
 
     #[test]
-    fn uris_and_host_are_made_once_from_the_url() {
+    fn paths_and_host_are_made_once_from_the_url() {
         let e = ep("http://10.0.0.7:8000/", false);
         assert_eq!(e.url, "http://10.0.0.7:8000");
-        assert_eq!(e.uris[0], "http://10.0.0.7:8000/v1/chat/completions");
-        assert_eq!(e.uris[2], "http://10.0.0.7:8000/v1/embeddings");
-        assert_eq!(e.host.as_ref().unwrap(), "10.0.0.7:8000");
+        assert_eq!(e.paths[0], "/v1/chat/completions");
+        assert_eq!(e.paths[2], "/v1/embeddings");
+        assert_eq!(e.host, "10.0.0.7:8000");
         let request = e.post(1).body(()).unwrap();
-        assert_eq!(request.uri(), "http://10.0.0.7:8000/v1/completions");
+        assert_eq!(request.uri(), "/v1/completions", "origin form");
         assert_eq!(request.headers()["host"], "10.0.0.7:8000");
+        let prefixed = ep("http://llm.internal/openai/", false);
+        assert_eq!(prefixed.paths[0], "/openai/v1/chat/completions");
+        assert_eq!(prefixed.host, "llm.internal");
+        assert!(ep_result("ftp//nohost").is_err());
         assert!(request.headers().get("authorization").is_none());
 
         let keyed = Endpoint::new(
@@ -562,7 +584,9 @@ mod tests {
             None,
             Some(SecretString::from("sk-test")),
             false,
-        );
+            &Connector::plain(),
+        )
+        .unwrap();
         let request = keyed.post(0).body(()).unwrap();
         let authorization = &request.headers()["authorization"];
         assert_eq!(authorization, "Bearer sk-test");
@@ -870,7 +894,18 @@ mod tests {
     async fn weights_and_slow_start_set_the_shares() {
         let now = Instant::now();
         let p = policy();
-        let heavy = Endpoint::new("http://heavy", "m", "p", 3, 10, None, None, false);
+        let heavy = Endpoint::new(
+            "http://heavy",
+            "m",
+            "p",
+            3,
+            10,
+            None,
+            None,
+            false,
+            &Connector::plain(),
+        )
+        .unwrap();
         let light = ep("http://light", false);
         for e in [&heavy, &light] {
             e.record(

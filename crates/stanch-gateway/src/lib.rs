@@ -15,9 +15,11 @@ pub mod metrics;
 pub mod outcome;
 mod proxy;
 mod sse;
+mod upstream;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,9 +30,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use secrecy::{ExposeSecret, SecretString};
 use stanch_api::clock::Clock;
 use stanch_api::{RouteTable, Rung};
@@ -67,8 +66,9 @@ pub struct Gateway {
     pub(crate) faqs: BTreeMap<String, Faq>,
     pub(crate) budget: RetryBudget,
     pub(crate) routes: Option<stanch_client::Routes>,
-    pub(crate) client: Client<HttpConnector, Full<Bytes>>,
     pub(crate) metrics: Metrics,
+    /// How connections are made: the endpoints' pools and the controller's.
+    pub(crate) connector: upstream::Connector,
     /// Per-model latency and time-to-first-token histograms, resolved once.
     pub(crate) model_histograms: std::collections::HashMap<String, (Histogram, Histogram)>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -92,6 +92,14 @@ pub enum StartError {
         /// Why.
         why: String,
     },
+    /// An endpoint's URL or the upstream TLS settings cannot be used.
+    #[error("{what}: {why}")]
+    Upstream {
+        /// Which setting.
+        what: String,
+        /// Why.
+        why: String,
+    },
 }
 
 impl Gateway {
@@ -101,6 +109,18 @@ impl Gateway {
         routes: Option<stanch_client::Routes>,
         clock: Arc<dyn Clock>,
     ) -> Result<Gateway, StartError> {
+        let connector = upstream::Connector {
+            tls: Some(
+                upstream::tls_connector(config.tls.ca_file.as_deref().map(Path::new)).map_err(
+                    |why| StartError::Upstream {
+                        what: "tls.ca_file".into(),
+                        why,
+                    },
+                )?,
+            ),
+            connect_timeout: config.timeouts.connect.0,
+            idle_timeout: config.timeouts.idle_connection.0,
+        };
         let mut models = BTreeMap::new();
         for (name, m) in &config.models {
             let mut pools = Vec::new();
@@ -123,9 +143,12 @@ impl Gateway {
                         .upstream_model
                         .clone()
                         .or_else(|| (!is_glob(name)).then(|| name.clone()));
-                    eps.push(Arc::new(Endpoint::new(
+                    let endpoint = Endpoint::new(
                         &e.url, name, &pool.name, e.weight, e.capacity, upstream, key, alone,
-                    )));
+                        &connector,
+                    )
+                    .map_err(|why| StartError::Upstream { what: what(), why })?;
+                    eps.push(Arc::new(endpoint));
                 }
                 pools.push((pool.name.clone(), eps));
             }
@@ -153,13 +176,6 @@ impl Gateway {
             .iter()
             .map(|(name, set)| (name.clone(), Faq::new(set)))
             .collect();
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.timeouts.connect.0));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
-            .build(connector);
         let r = &config.retry;
         let budget = RetryBudget::new(r.budget_ratio, r.budget_min_retries, r.budget_window.0);
         let globs = config
@@ -229,8 +245,8 @@ impl Gateway {
             faqs,
             budget,
             routes,
-            client,
             metrics,
+            connector,
             model_histograms,
             clock,
             config,
@@ -452,7 +468,37 @@ pub async fn report_loop(
 ) {
     use secrecy::ExposeSecret;
     use stanch_api::reports::{EndpointReport, ReportBatch};
-    let http = controller_client();
+    let target: Result<hyper::Uri, String> = url
+        .trim_end_matches('/')
+        .parse::<hyper::Uri>()
+        .map_err(|e| e.to_string());
+    let pool = target.and_then(|uri| {
+        let host = uri
+            .authority()
+            .and_then(|a| header::HeaderValue::from_str(a.as_str()).ok())
+            .ok_or_else(|| "no host".to_owned())?;
+        let path: hyper::Uri = format!("{}/v1/reports", uri.path().trim_end_matches('/'))
+            .parse()
+            .map_err(|e: axum::http::uri::InvalidUri| e.to_string())?;
+        Ok((
+            upstream::Pool::new(&uri, gateway.connector.clone())?,
+            host,
+            path,
+        ))
+    });
+    let (http, host, path) = match pool {
+        Ok(p) => p,
+        Err(why) => {
+            tracing::error!(%url, %why, "cannot report outcomes to this controller URL");
+            return;
+        }
+    };
+    let authorization = token.and_then(|t| {
+        let mut value =
+            header::HeaderValue::from_str(&format!("Bearer {}", t.expose_secret())).ok()?;
+        value.set_sensitive(true);
+        Some(value)
+    });
     let endpoints: Vec<Arc<Endpoint>> = gateway.endpoints().cloned().collect();
     let mut last: Vec<(u64, u64)> = endpoints
         .iter()
@@ -485,21 +531,26 @@ pub async fn report_loop(
             endpoints: reports,
         };
         let body = serde_json::to_vec(&batch).expect("reports serialize");
-        let mut request = hyper::Request::post(format!("{}/v1/reports", url.trim_end_matches('/')))
+        let mut request = hyper::Request::post(path.clone())
+            .header(header::HOST, host.clone())
             .header(header::CONTENT_TYPE, "application/json");
-        if let Some(t) = &token {
-            request = request.header(
-                header::AUTHORIZATION,
-                format!("Bearer {}", t.expose_secret()),
-            );
+        if let Some(a) = &authorization {
+            request = request.header(header::AUTHORIZATION, a.clone());
         }
         let Ok(request) = request.body(Full::new(Bytes::from(body))) else {
             continue;
         };
-        match tokio::time::timeout(Duration::from_secs(5), http.request(request)).await {
-            Ok(Ok(r)) if r.status().is_success() => {}
-            Ok(Ok(r)) => {
-                tracing::warn!(status = %r.status(), "the controller refused an outcome report")
+        let sent = async {
+            let response = http.send(request).await?;
+            let status = response.status();
+            // Read to the end, so the connection is kept for the next report.
+            let _ = response.into_body().collect().await;
+            Ok::<_, upstream::SendError>(status)
+        };
+        match tokio::time::timeout(Duration::from_secs(5), sent).await {
+            Ok(Ok(status)) if status.is_success() => {}
+            Ok(Ok(status)) => {
+                tracing::warn!(%status, "the controller refused an outcome report")
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot send an outcome report"),
             Err(_) => tracing::warn!("outcome report timed out"),
@@ -559,7 +610,7 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
             let gateway = &gateway;
             let policy = &policy;
             async move {
-                let ok = probe(gateway, e, policy.timeout.0).await;
+                let ok = probe(e, policy.timeout.0).await;
                 gateway
                     .metrics
                     .probes
@@ -581,7 +632,7 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
 }
 
 /// One probe: a one-token chat completion; true when the endpoint answered 2xx in time.
-async fn probe(gateway: &Gateway, e: &Endpoint, timeout: Duration) -> bool {
+async fn probe(e: &Endpoint, timeout: Duration) -> bool {
     let model = e.upstream_model.as_ref().unwrap_or(&e.model);
     let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
     let request = e
@@ -592,7 +643,7 @@ async fn probe(gateway: &Gateway, e: &Endpoint, timeout: Duration) -> bool {
         return false;
     };
     let answered = async {
-        let response = gateway.client.request(request).await.ok()?;
+        let response = e.conns.send(request).await.ok()?;
         let ok = response.status().is_success();
         // Read the answer so the connection goes back to the pool.
         response.into_body().collect().await.ok()?;
@@ -602,13 +653,6 @@ async fn probe(gateway: &Gateway, e: &Endpoint, timeout: Duration) -> bool {
         tokio::time::timeout(timeout, answered).await,
         Ok(Some(true))
     )
-}
-
-/// An HTTP client for the controller, apart from the upstreams' pool.
-fn controller_client() -> Client<HttpConnector, Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_secs(3)));
-    Client::builder(TokioExecutor::new()).build(connector)
 }
 
 /// A gateway-made error in OpenAI's shape.

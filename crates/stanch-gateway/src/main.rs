@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Parser;
 use stanch_api::clock::SystemClock;
 use stanch_gateway::Gateway;
@@ -102,6 +103,10 @@ async fn run(config: GatewayConfig, listen: SocketAddr) -> anyhow::Result<()> {
             watch.token = secret(c.token_env.as_ref(), c.token_file.as_ref(), None)
                 .map_err(anyhow::Error::msg)?;
             watch.state_file = c.state_file.as_ref().map(PathBuf::from);
+            if let Some(path) = &config.tls.ca_file {
+                let pem = std::fs::read(path).with_context(|| format!("tls.ca_file: {path}"))?;
+                watch.ca_pem = Some(pem);
+            }
             let (routes, _task) = stanch_client::start(watch, Some(Gateway::validator(&config)));
             Some(routes)
         }

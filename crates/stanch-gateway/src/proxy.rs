@@ -24,12 +24,13 @@ use stanch_api::{RouteTable, Rung, Timestamp};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::endpoints::{Endpoint, choose};
 use crate::metrics::{AttemptLabels, KindLabel, ModelLabel, RequestLabels};
 use crate::outcome::{Outcome, classify_status, retry_after};
 use crate::sse::{Event, Parser};
+use crate::upstream::{self, SendError};
 use crate::{Gateway, openai_error};
 
 /// Header names, parsed once: a `&str` name is parsed again on every insert.
@@ -544,12 +545,18 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         .first_byte
         .0
         .min(deadline.saturating_duration_since(sent));
-    let response = match tokio::time::timeout(first_byte, gw.client.request(request)).await {
+    let response = match tokio::time::timeout(first_byte, endpoint.conns.send(request)).await {
         Err(_) => {
             record(&ctx.gw, endpoint, &Outcome::NoHeaders, sent.elapsed());
             return Attempt::Failed(Outcome::NoHeaders);
         }
-        Ok(Err(_)) => {
+        Ok(Err(e)) => {
+            // A TLS failure is a configuration problem (trust, name) more than an outage.
+            if matches!(e, SendError::Tls(..)) {
+                warn!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
+            } else {
+                debug!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
+            }
             record(&ctx.gw, endpoint, &Outcome::Connect, sent.elapsed());
             return Attempt::Failed(Outcome::Connect);
         }
@@ -613,7 +620,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
     stream(ctx, endpoint, response.into_body(), sent, in_flight).await
 }
 
-async fn read_limited(mut body: hyper::body::Incoming, within: Duration) -> Option<Bytes> {
+async fn read_limited(mut body: upstream::Body, within: Duration) -> Option<Bytes> {
     let mut out = Vec::new();
     let until = Instant::now() + within;
     while out.len() < ERROR_BODY_LIMIT {
@@ -640,7 +647,7 @@ fn error_event(outcome: &Outcome) -> Bytes {
 async fn stream(
     ctx: &Ctx,
     endpoint: &Arc<Endpoint>,
-    mut body: hyper::body::Incoming,
+    mut body: upstream::Body,
     sent: Instant,
     in_flight: crate::endpoints::InFlight,
 ) -> Attempt {
@@ -790,6 +797,13 @@ async fn stream(
             })
             .observe(started.elapsed().as_secs_f64());
         info!(target: "access", model = %model, endpoint = %endpoint.url, attempts, outcome = outcome.label(), version, stream = true, ms = started.elapsed().as_millis() as u64, "stream finished");
+        // The caller's stream ends here; then the upstream's is read to its end (the
+        // chunked terminator follows `[DONE]`), so its connection can be reused.
+        drop(tx);
+        if outcome == Outcome::Success {
+            let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+            let _ = tokio::time::timeout(DONE_GRACE, drain).await;
+        }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
@@ -977,7 +991,9 @@ mod tests {
             None,
             None,
             false,
-        );
+            &crate::upstream::Connector::plain(),
+        )
+        .unwrap();
         let block = |endpoint: &str, model: Option<&str>, until: i64| BlockedEndpoint {
             endpoint: endpoint.to_owned(),
             model: model.map(str::to_owned),

@@ -25,6 +25,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tower::Service;
 
 pub use fault::{Fault, FaultSpec};
@@ -44,6 +45,9 @@ pub struct MockConfig {
     pub token_interval: Duration,
     /// The admin API needs `Authorization: Bearer <token>` when set.
     pub admin_token: Option<String>,
+    /// Close a keep-alive connection idle this long, as uvicorn (hence vLLM) does after
+    /// 5 s; `None` keeps it open.
+    pub keep_alive: Option<Duration>,
 }
 
 impl MockConfig {
@@ -56,6 +60,7 @@ impl MockConfig {
             max_context_words: 4096,
             token_interval: Duration::ZERO,
             admin_token: None,
+            keep_alive: None,
         }
     }
 }
@@ -71,6 +76,9 @@ pub struct Stats {
     pub by_route: BTreeMap<String, u64>,
     /// By outcome (`ok`, `fault:status`, `unauthorized`, ...).
     pub by_outcome: BTreeMap<String, u64>,
+    /// Connections accepted (with TLS: handshakes completed).
+    #[serde(default)]
+    pub connections: u64,
 }
 
 #[derive(Debug)]
@@ -326,11 +334,17 @@ impl Service<Request<hyper::body::Incoming>> for Resetting {
     }
 }
 
-/// Serves one instance on `listener` until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, mock: Mock, shutdown: impl Future<Output = ()>) {
+/// Serves one instance on `listener` until `shutdown` resolves; over TLS when given
+/// an acceptor.
+pub async fn serve(
+    listener: TcpListener,
+    mock: Mock,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
     let service = Resetting {
         router: router(mock.clone()),
-        mock,
+        mock: mock.clone(),
     };
     tokio::pin!(shutdown);
     loop {
@@ -345,12 +359,108 @@ pub async fn serve(listener: TcpListener, mock: Mock, shutdown: impl Future<Outp
             () = &mut shutdown => return,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(service.clone());
+        let service = service.clone();
+        let mock = mock.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            match tls {
+                None => connection(stream, service, &mock).await,
+                Some(tls) => {
+                    let handshake = tls.accept(stream);
+                    if let Ok(Ok(stream)) =
+                        tokio::time::timeout(Duration::from_secs(5), handshake).await
+                    {
+                        connection(stream, service, &mock).await;
+                    }
+                }
+            }
         });
+    }
+}
+
+/// Serves one connection, closing it once idle for the configured keep-alive.
+async fn connection<S>(stream: S, service: Resetting, mock: &Mock)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    mock.inner.lock().expect("mock lock").stats.connections += 1;
+    let last_io = Arc::new(Mutex::new(tokio::time::Instant::now()));
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        last_io: last_io.clone(),
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, TowerToHyperService::new(service));
+    let Some(keep_alive) = mock.config.keep_alive else {
+        let _ = conn.await;
+        return;
+    };
+    tokio::pin!(conn);
+    let mut tick = tokio::time::interval(keep_alive / 4);
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = tick.tick() => {
+                // A request in flight finishes first: this only closes between requests.
+                if last_io.lock().expect("io clock").elapsed() >= keep_alive {
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// A stream that notes when it last moved bytes.
+struct Tracked<S> {
+    inner: S,
+    last_io: Arc<Mutex<tokio::time::Instant>>,
+}
+
+impl<S> Tracked<S> {
+    fn touch(&self) {
+        *self.last_io.lock().expect("io clock") = tokio::time::Instant::now();
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if polled.is_ready() {
+            self.touch();
+        }
+        polled
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if polled.is_ready() {
+            self.touch();
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -360,6 +470,17 @@ pub async fn spawn(mock: Mock) -> String {
         .await
         .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(serve(listener, mock, std::future::pending()));
+    tokio::spawn(serve(listener, mock, None, std::future::pending()));
     format!("http://{addr}")
+}
+
+/// Starts an instance serving TLS on an ephemeral loopback port, for tests. Returns
+/// its base URL, `https://localhost:PORT` (the name its certificate should carry).
+pub async fn spawn_tls(mock: Mock, tls: TlsAcceptor) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(serve(listener, mock, Some(tls), std::future::pending()));
+    format!("https://localhost:{}", addr.port())
 }

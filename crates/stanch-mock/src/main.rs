@@ -31,6 +31,15 @@ struct Args {
     /// Milliseconds between streamed tokens.
     #[arg(long, default_value_t = 0)]
     token_interval_ms: u64,
+    /// Close keep-alive connections idle this many seconds (uvicorn, hence vLLM: 5).
+    #[arg(long)]
+    keep_alive_seconds: Option<f64>,
+    /// Serve TLS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -50,11 +59,22 @@ async fn main() -> anyhow::Result<()> {
     config.admin_token = args.admin_token;
     config.max_context_words = args.max_context_words;
     config.token_interval = Duration::from_millis(args.token_interval_ms);
+    config.keep_alive = args
+        .keep_alive_seconds
+        .map(Duration::try_from_secs_f64)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--keep-alive-seconds: {e}"))?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(stanch_net::tls_acceptor(cert, key).map_err(anyhow::Error::msg)?)
+        }
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(addr = %args.listen, model = %config.model, instance = %config.instance, "stanch-mock listening");
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    stanch_mock::serve(listener, Mock::new(config), shutdown).await;
+    stanch_mock::serve(listener, Mock::new(config), tls, shutdown).await;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The gateway over real HTTP, in front of real mock upstreams: every failure class,
 //! streaming and not, asserting what the caller got and what each upstream saw.
 
+mod connections;
 mod failures;
 mod fleet;
 mod process;

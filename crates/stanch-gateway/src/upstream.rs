@@ -1,0 +1,410 @@
+//! Connections to upstreams: each endpoint keeps its own pool of HTTP/1.1 keep-alive
+//! connections, plain or TLS.
+//!
+//! An endpoint is one address, so its pool is a stack of idle connections and nothing
+//! more: no key to hash, no shared map to lock across endpoints, no task per request.
+//! A connection goes back on the stack when its response body has been read to the
+//! end, and the newest idle one is reused first, so a burst's extra connections age
+//! out while the busy few stay warm.
+//!
+//! Upstreams close idle keep-alive connections on their own schedule (uvicorn, hence
+//! vLLM, after 5 s). A request therefore never goes out on a connection that is closed
+//! or has been idle longer than `idle_timeout`, which should stay below the upstreams'
+//! keep-alive; and a request that a connection refused before writing a byte of it (it
+//! closed in the meantime) moves on to the next connection, or a new one, without
+//! counting as a failure.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+
+/// Idle connections kept per endpoint at most; a burst beyond this opens and closes.
+const MAX_IDLE: usize = 256;
+
+/// What an upstream request sends.
+pub(crate) type RequestBody = Full<Bytes>;
+
+/// Why a request did not get response headers from the upstream.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    /// The TCP connection could not be made.
+    #[error("connect to {0}: {1}")]
+    Connect(String, std::io::Error),
+    /// The TCP connection did not complete within the connect timeout.
+    #[error("connect to {0}: timed out")]
+    ConnectTimeout(String),
+    /// The TLS handshake failed (an untrusted certificate, a wrong name, a plain port).
+    #[error("TLS handshake with {0}: {1}")]
+    Tls(String, std::io::Error),
+    /// The HTTP exchange failed: reset, closed early, malformed response.
+    #[error("HTTP exchange with {0}: {1}")]
+    Http(String, hyper::Error),
+}
+
+/// How new connections are made; shared by every endpoint's pool.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    /// For `https` endpoints: the trusted roots, HTTP/1.1 by ALPN.
+    pub tls: Option<TlsConnector>,
+    /// Limit on TCP connect and, separately, on the TLS handshake.
+    pub connect_timeout: Duration,
+    /// Idle connections older than this are not reused.
+    pub idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("tls", &self.tls.is_some())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+impl Connector {
+    /// Plain HTTP only, with the default timeouts (tests).
+    pub fn plain() -> Connector {
+        Connector {
+            tls: None,
+            connect_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(4),
+        }
+    }
+}
+
+/// Builds the TLS client side: the Mozilla roots, plus a private CA's when given.
+pub(crate) fn tls_connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{}: no PEM certificate in it", path.display()));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// Where an endpoint's connections go.
+#[derive(Debug)]
+struct Target {
+    /// `host:port`, for errors.
+    authority: String,
+    host: String,
+    port: u16,
+    /// The name its certificate must carry, for `https`.
+    tls_name: Option<ServerName<'static>>,
+}
+
+/// One endpoint's connections.
+pub(crate) struct Pool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    target: Target,
+    connector: Connector,
+    /// Oldest at the front, newest at the back; reuse takes the newest.
+    idle: Mutex<VecDeque<Idle>>,
+}
+
+struct Idle {
+    conn: SendRequest<RequestBody>,
+    since: Instant,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("target", &self.shared.target)
+            .field("idle", &self.idle_count())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// A pool for the endpoint at `uri` (scheme and authority are read). Fails when the
+    /// URI has no host, or is `https` with no TLS configured.
+    pub fn new(uri: &hyper::Uri, connector: Connector) -> Result<Pool, String> {
+        let https = uri.scheme_str() == Some("https");
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("{uri}: no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tls_name = if https {
+            if connector.tls.is_none() {
+                return Err(format!("{uri}: https, and no TLS client is configured"));
+            }
+            Some(
+                ServerName::try_from(host.clone())
+                    .map_err(|e| format!("{uri}: not a TLS server name: {e}"))?,
+            )
+        } else {
+            None
+        };
+        Ok(Pool {
+            shared: Arc::new(Shared {
+                target: Target {
+                    authority: format!("{host}:{port}"),
+                    host,
+                    port,
+                    tls_name,
+                },
+                connector,
+                idle: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    /// Idle connections held now.
+    pub fn idle_count(&self) -> usize {
+        self.shared.idle.lock().expect("pool lock").len()
+    }
+
+    /// Sends `request` (origin-form URI, `Host` set) and waits for response headers.
+    /// Cancel-safe: dropping the future closes the connection it was using.
+    pub async fn send(
+        &self,
+        mut request: Request<RequestBody>,
+    ) -> Result<Response<Body>, SendError> {
+        while let Some(mut conn) = self.shared.checkout() {
+            // Ready at once unless its previous response ended a moment ago and the
+            // connection has not yet turned around; it errs when it closed.
+            if !conn.is_ready() && conn.ready().await.is_err() {
+                continue;
+            }
+            match conn.try_send_request(request).await {
+                Ok(response) => return Ok(self.wrap(response, conn)),
+                Err(mut e) => match e.take_message() {
+                    // Never written: the connection closed first. Not the upstream's fault.
+                    Some(unsent) => request = unsent,
+                    None => return Err(self.http_error(e.into_error())),
+                },
+            }
+        }
+        let mut conn = self.shared.connect().await?;
+        match conn.try_send_request(request).await {
+            Ok(response) => Ok(self.wrap(response, conn)),
+            Err(e) => Err(self.http_error(e.into_error())),
+        }
+    }
+
+    fn wrap(&self, response: Response<Incoming>, conn: SendRequest<RequestBody>) -> Response<Body> {
+        let shared = self.shared.clone();
+        response.map(|inner| Body {
+            inner,
+            conn: Some((conn, shared)),
+        })
+    }
+
+    fn http_error(&self, e: hyper::Error) -> SendError {
+        SendError::Http(self.shared.target.authority.clone(), e)
+    }
+}
+
+impl Shared {
+    /// The newest idle connection still worth using; older expired ones are dropped
+    /// (which closes them).
+    fn checkout(&self) -> Option<SendRequest<RequestBody>> {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().expect("pool lock");
+        while let Some(entry) = idle.pop_back() {
+            if now.duration_since(entry.since) > self.connector.idle_timeout {
+                // Everything below it is older still.
+                idle.clear();
+                return None;
+            }
+            if !entry.conn.is_closed() {
+                return Some(entry.conn);
+            }
+        }
+        None
+    }
+
+    /// Puts a connection whose response was read to the end back for reuse.
+    fn checkin(&self, conn: SendRequest<RequestBody>) {
+        if conn.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.idle.lock().expect("pool lock");
+        while idle
+            .front()
+            .is_some_and(|e| now.duration_since(e.since) > self.connector.idle_timeout)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push_back(Idle { conn, since: now });
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<RequestBody>, SendError> {
+        let target = &self.target;
+        let limit = self.connector.connect_timeout;
+        let tcp = tokio::time::timeout(
+            limit,
+            TcpStream::connect((target.host.as_str(), target.port)),
+        )
+        .await
+        .map_err(|_| SendError::ConnectTimeout(target.authority.clone()))?
+        .map_err(|e| SendError::Connect(target.authority.clone(), e))?;
+        let _ = tcp.set_nodelay(true);
+        match (&self.connector.tls, &target.tls_name) {
+            (Some(tls), Some(name)) => {
+                let stream = tokio::time::timeout(limit, tls.connect(name.clone(), tcp))
+                    .await
+                    .map_err(|_| {
+                        SendError::Tls(
+                            target.authority.clone(),
+                            std::io::ErrorKind::TimedOut.into(),
+                        )
+                    })?
+                    .map_err(|e| SendError::Tls(target.authority.clone(), e))?;
+                self.handshake(TokioIo::new(stream)).await
+            }
+            _ => self.handshake(TokioIo::new(tcp)).await,
+        }
+    }
+
+    async fn handshake<T>(&self, io: T) -> Result<SendRequest<RequestBody>, SendError>
+    where
+        T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let (send, conn) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|e| SendError::Http(self.target.authority.clone(), e))?;
+        // The connection's own task; it ends when the connection closes, which dropping
+        // every `SendRequest` for it does once it is idle.
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(send)
+    }
+}
+
+/// A response body from a pooled connection: read to its end, it gives the
+/// connection back for reuse; dropped before that, the connection closes.
+pub(crate) struct Body {
+    inner: Incoming,
+    conn: Option<(SendRequest<RequestBody>, Arc<Shared>)>,
+}
+
+impl Body {
+    fn give_back(&mut self) {
+        if let Some((conn, pool)) = self.conn.take() {
+            pool.checkin(conn);
+        }
+    }
+}
+
+impl HttpBody for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.give_back(),
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        // A body whose last frame was taken but whose end was never polled is done too.
+        if self.inner.is_end_stream() {
+            self.give_back();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_default_ports_and_strip_ipv6_brackets() {
+        let pool = |uri: &str, c: Connector| Pool::new(&uri.parse().unwrap(), c);
+        let p = pool("http://10.0.0.7/v1", Connector::plain()).unwrap();
+        assert_eq!(p.shared.target.authority, "10.0.0.7:80");
+        let p = pool("http://[::1]:8000", Connector::plain()).unwrap();
+        assert_eq!(
+            (p.shared.target.host.as_str(), p.shared.target.port),
+            ("::1", 8000)
+        );
+        let err = pool("https://api.example.com", Connector::plain()).unwrap_err();
+        assert!(err.contains("no TLS client"), "{err}");
+        let tls = Connector {
+            tls: Some(tls_connector(None).unwrap()),
+            ..Connector::plain()
+        };
+        let p = pool("https://api.example.com", tls).unwrap();
+        assert_eq!(p.shared.target.authority, "api.example.com:443");
+        assert!(p.shared.target.tls_name.is_some());
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let dir = std::env::temp_dir().join(format!("stanch-ca-{}", std::process::id()));
+        std::fs::write(&dir, "not a certificate\n").unwrap();
+        let err = tls_connector(Some(&dir)).err().unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert!(err.contains("no PEM certificate"), "{err}");
+        let err = tls_connector(Some(std::path::Path::new("/nonexistent/ca.pem")))
+            .err()
+            .unwrap();
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    }
+}

@@ -1,0 +1,144 @@
+//! Connections to upstreams: kept alive and reused, never reused after an upstream
+//! closed them or after the idle limit, and TLS to `https` endpoints.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use stanch_mock::{Mock, MockConfig};
+
+use crate::support::*;
+
+/// One model on one endpoint `{a}`, with `policy` after it.
+fn one(policy: &str) -> String {
+    format!(
+        "models:\n  qwen-72b:\n    faq: default\n    pools:\n      - name: dc-a\n        endpoints: [{{url: '{{a}}'}}]\n{policy}"
+    )
+}
+
+/// The gateway's count of failed attempts, from its status.
+async fn failures(gw: &Setup) -> u64 {
+    let status = gw.status().await;
+    status["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["failures"].as_u64().unwrap())
+        .sum()
+}
+
+async fn answered(gw: &Setup, stream: bool) -> String {
+    let r = gw.chat("qwen-72b", stream).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers().get("x-llm-degraded").is_none(),
+        "the upstream answered"
+    );
+    r.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn connections_are_kept_alive_and_reused() {
+    let a = Upstream::start("qwen-72b", "a").await;
+    let gw = gateway(&one(POLICY), &[("a", &a)]).await;
+    for _ in 0..10 {
+        answered(&gw, false).await;
+        let text = answered(&gw, true).await;
+        assert!(text.contains("[DONE]"), "{text}");
+    }
+    assert_eq!(a.requests(), 20);
+    assert_eq!(
+        a.mock.stats().connections,
+        1,
+        "one connection carried every request, streams included"
+    );
+
+    // A burst opens what it needs; the next burst reuses them.
+    for _ in 0..2 {
+        let burst = (0..16).map(|_| answered(&gw, false));
+        futures_util::future::join_all(burst).await;
+    }
+    let connections = a.mock.stats().connections;
+    assert!(
+        (2..=17).contains(&connections),
+        "16 concurrent requests at most open 16 more, and the second burst reuses them: {connections}"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_is_not_reused() {
+    let mut config = MockConfig::new("qwen-72b", "a");
+    config.keep_alive = Some(Duration::from_millis(150));
+    let a = Upstream::with(config).await;
+    // The gateway would keep it for 10 s; the upstream closes it after 150 ms idle.
+    let policy = POLICY.replace("total: 10s}", "total: 10s, idle_connection: 10s}");
+    let gw = gateway(&one(&policy), &[("a", &a)]).await;
+    answered(&gw, false).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    answered(&gw, false).await;
+    answered(&gw, true).await;
+    assert_eq!(a.mock.stats().connections, 2, "a new one after the close");
+    assert_eq!(a.requests(), 3, "no request was lost or sent twice");
+    assert_eq!(
+        failures(&gw).await,
+        0,
+        "an upstream's close is not its failure"
+    );
+}
+
+#[tokio::test]
+async fn idle_connections_are_not_reused_past_the_idle_limit() {
+    let a = Upstream::start("qwen-72b", "a").await;
+    let policy = POLICY.replace("total: 10s}", "total: 10s, idle_connection: 100ms}");
+    let gw = gateway(&one(&policy), &[("a", &a)]).await;
+    answered(&gw, false).await;
+    answered(&gw, false).await;
+    assert_eq!(a.mock.stats().connections, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    answered(&gw, false).await;
+    assert_eq!(
+        a.mock.stats().connections,
+        2,
+        "idle past the limit: a new one"
+    );
+    assert_eq!(failures(&gw).await, 0);
+}
+
+#[tokio::test]
+async fn https_endpoints_are_trusted_through_the_configured_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificates(dir.path());
+    let acceptor = stanch_net::tls_acceptor(&cert, &key).unwrap();
+    let mock = Mock::new(MockConfig::new("qwen-72b", "a"));
+    let a = Upstream {
+        base: stanch_mock::spawn_tls(mock.clone(), acceptor).await,
+        mock,
+    };
+    assert!(a.base.starts_with("https://localhost:"));
+
+    let trusted = format!("{POLICY}tls: {{ca_file: '{}'}}\n", ca.display());
+    let gw = gateway(&one(&trusted), &[("a", &a)]).await;
+    for _ in 0..3 {
+        let body: Value = serde_json::from_str(&answered(&gw, false).await).unwrap();
+        assert_eq!(body["model"], "qwen-72b");
+    }
+    let text = answered(&gw, true).await;
+    assert!(text.contains("[DONE]"), "{text}");
+    assert_eq!(
+        a.mock.stats().connections,
+        1,
+        "TLS connections are reused too"
+    );
+
+    // Without the CA the certificate is not trusted: no request reaches the upstream,
+    // and the caller gets the FAQ's answer, not an error.
+    let before = a.requests();
+    let untrusted = gateway(&one(POLICY), &[("a", &a)]).await;
+    let r = untrusted.chat("qwen-72b", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-llm-degraded"], "static");
+    assert_eq!(a.requests(), before);
+    assert!(
+        failures(&untrusted).await > 0,
+        "counted against the endpoint"
+    );
+}

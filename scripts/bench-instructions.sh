@@ -8,6 +8,8 @@
 #   scripts/bench-instructions.sh            # stanch-gateway
 #   scripts/bench-instructions.sh bare       # the bare hyper proxy of stanch-bench
 #
+# KEEP=FILE keeps the larger run's profile for callgrind_annotate.
+#
 # Needs valgrind (Debian: valgrind) and python3. User-space instructions only: the
 # kernel's share of a request (about half of its CPU here) is not counted.
 set -euo pipefail
@@ -92,4 +94,5 @@ EOF
 
 a="$(count "$small")"
 b="$(count "$large")"
+if [ -n "${KEEP:-}" ]; then cp "$dir/callgrind.$large" "$KEEP"; fi
 echo "$proxy: $(( (b - a) / (large - small) )) instructions per request (callgrind; $small and $large requests: $a and $b)"

@@ -453,8 +453,52 @@ pub async fn serve(
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    stanch_net::serve(listener, router(gateway), None, LIMITS, shutdown).await;
+    let app = Front {
+        rest: router(gateway.clone()),
+        gateway,
+    };
+    stanch_net::serve(listener, app, None, LIMITS, shutdown).await;
     Ok(())
+}
+
+/// The gateway's service: the three proxied routes go straight to the proxy, every
+/// other request through the router. The proxied routes are nearly every request, and
+/// matching them by hand saves the router's matching, extraction and layers on each.
+#[derive(Clone)]
+struct Front {
+    gateway: Arc<Gateway>,
+    rest: Router,
+}
+
+impl tower::Service<hyper::Request<hyper::body::Incoming>> for Front {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::Either<
+        std::pin::Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>,
+        <Router as tower::Service<hyper::Request<hyper::body::Incoming>>>::Future,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // Both are always ready: the router says so of itself.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        use futures_util::future::Either;
+        if request.method() == axum::http::Method::POST {
+            if let Some(api) = proxy::Api::of_path(request.uri().path()) {
+                let gateway = self.gateway.clone();
+                let request = request.map(axum::body::Body::new);
+                return Either::Left(Box::pin(async move {
+                    Ok(proxy::handle(gateway, api, request).await)
+                }));
+            }
+        }
+        Either::Right(self.rest.call(request))
+    }
 }
 
 /// Reports per-endpoint outcome counts to the controller every `interval`, so that the

@@ -45,7 +45,7 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
-    /// `/v1/chat/completions`; the index of `Endpoint::uris`.
+    /// `/v1/chat/completions`; the index of `Endpoint::paths`.
     Chat = 0,
     /// `/v1/completions`.
     Completions = 1,
@@ -54,6 +54,16 @@ pub(crate) enum Api {
 }
 
 impl Api {
+    /// The API a path names.
+    pub(crate) fn of_path(path: &str) -> Option<Api> {
+        match path {
+            "/v1/chat/completions" => Some(Api::Chat),
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/embeddings" => Some(Api::Embeddings),
+            _ => None,
+        }
+    }
+
     fn answers_from_faq(self) -> bool {
         self != Api::Embeddings
     }
@@ -153,7 +163,11 @@ impl Rejected {
     }
 }
 
-async fn handle(gw: Arc<Gateway>, api: Api, request: axum::extract::Request) -> Response {
+pub(crate) async fn handle(
+    gw: Arc<Gateway>,
+    api: Api,
+    request: axum::extract::Request,
+) -> Response {
     match route(gw.clone(), api, request).await {
         Ok(response) => response,
         Err(r) => {

@@ -5,6 +5,7 @@
 //! are closed without ever blocking the writer). At shutdown, in-flight requests get a
 //! bounded time to finish.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -12,7 +13,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -43,14 +43,24 @@ impl Default for ConnLimits {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then drains connections.
-pub async fn serve(
+/// Serves `app` (an axum `Router`, or a service in front of one) on `listener` until
+/// `shutdown` resolves, then drains connections.
+pub async fn serve<S>(
     listener: TcpListener,
-    app: Router,
+    app: S,
     tls: Option<TlsAcceptor>,
     limits: ConnLimits,
     shutdown: impl Future<Output = ()>,
-) {
+) where
+    S: tower::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {

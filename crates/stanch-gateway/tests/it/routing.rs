@@ -268,3 +268,42 @@ fn an_upstream_key_that_cannot_be_a_header_stops_the_start() {
     assert!(err.contains("header"), "{err}");
     assert!(!err.contains("sk-one"), "the key is never shown: {err}");
 }
+
+#[tokio::test]
+async fn the_proxied_routes_take_only_post_and_the_others_only_get() {
+    let f = fleet().await;
+    let http = &f.gw.http;
+    let base = &f.gw.base;
+    for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
+        let r = http.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 405, "GET {path}");
+    }
+    for path in [
+        "/v1/models",
+        "/v1/status",
+        "/status",
+        "/metrics",
+        "/healthz",
+    ] {
+        let r = http.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "GET {path}");
+        let r = http.post(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 405, "POST {path}");
+    }
+    let r = http
+        .post(format!("{base}/v1/chat/completions/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "paths match exactly");
+    let r = http
+        .post(format!("{base}/v1/embeddings"))
+        .bearer_auth("acme-key")
+        .json(&serde_json::json!({"model": "qwen-72b", "input": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["object"], "list");
+}

@@ -199,17 +199,21 @@ impl Endpoint {
         })
     }
 
-    /// A POST to its chat (`api` 0), completions (1) or embeddings (2) route, with the
-    /// headers every upstream request carries: `Content-Type`, `Host`, `Authorization`.
-    pub(crate) fn post(&self, api: usize) -> hyper::http::request::Builder {
-        let mut request = hyper::Request::post(self.paths[api].clone())
-            .header(header::HOST, self.host.clone())
-            .header(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
+    /// A POST of `body` to its chat (`api` 0), completions (1) or embeddings (2) route,
+    /// with the headers every upstream request carries: `Host`, `Content-Type`,
+    /// `Authorization`.
+    pub(crate) fn post<B>(&self, api: usize, body: B) -> hyper::Request<B> {
+        let mut request = hyper::Request::new(body);
+        *request.method_mut() = hyper::Method::POST;
+        *request.uri_mut() = self.paths[api].clone();
+        let headers = request.headers_mut();
+        headers.insert(header::HOST, self.host.clone());
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if let Some(authorization) = &self.authorization {
-            request = request.header(header::AUTHORIZATION, authorization.clone());
+            headers.insert(header::AUTHORIZATION, authorization.clone());
         }
         request
     }
@@ -566,7 +570,7 @@ mod tests {
         assert_eq!(e.paths[0], "/v1/chat/completions");
         assert_eq!(e.paths[2], "/v1/embeddings");
         assert_eq!(e.host, "10.0.0.7:8000");
-        let request = e.post(1).body(()).unwrap();
+        let request = e.post(1, ());
         assert_eq!(request.uri(), "/v1/completions", "origin form");
         assert_eq!(request.headers()["host"], "10.0.0.7:8000");
         let prefixed = ep("http://llm.internal/openai/", false);
@@ -587,7 +591,7 @@ mod tests {
             &Connector::plain(),
         )
         .unwrap();
-        let request = keyed.post(0).body(()).unwrap();
+        let request = keyed.post(0, ());
         let authorization = &request.headers()["authorization"];
         assert_eq!(authorization, "Bearer sk-test");
         assert!(authorization.is_sensitive(), "kept out of debug output");

@@ -27,7 +27,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use secrecy::{ExposeSecret, SecretString};
@@ -304,19 +304,14 @@ pub fn applied_table(gateway: &Gateway) -> Option<Arc<RouteTable>> {
     gateway.table()
 }
 
-/// The gateway's router.
-pub fn router(gateway: Arc<Gateway>) -> Router {
-    let limit = gateway.config.max_body_bytes;
+/// The gateway's routes besides the proxied ones (which `Front` serves).
+fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(proxy::chat))
-        .route("/v1/completions", post(proxy::completions))
-        .route("/v1/embeddings", post(proxy::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/status", get(status))
         .route("/status", get(status_text))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(gateway)
 }
 
@@ -461,9 +456,10 @@ pub async fn serve(
     Ok(())
 }
 
-/// The gateway's service: the three proxied routes go straight to the proxy, every
-/// other request through the router. The proxied routes are nearly every request, and
-/// matching them by hand saves the router's matching, extraction and layers on each.
+/// The gateway's service. The three proxied routes are nearly every request, and are
+/// served here directly (other methods on them get 405); the rest go through the
+/// router. This saves the router's matching, extraction, body boxing and layers on
+/// every proxied request.
 #[derive(Clone)]
 struct Front {
     gateway: Arc<Gateway>,
@@ -488,16 +484,15 @@ impl tower::Service<hyper::Request<hyper::body::Incoming>> for Front {
 
     fn call(&mut self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         use futures_util::future::Either;
-        if request.method() == axum::http::Method::POST {
-            if let Some(api) = proxy::Api::of_path(request.uri().path()) {
+        match proxy::Api::of_path(request.uri().path()) {
+            Some(api) => {
                 let gateway = self.gateway.clone();
-                let request = request.map(axum::body::Body::new);
-                return Either::Left(Box::pin(async move {
+                Either::Left(Box::pin(async move {
                     Ok(proxy::handle(gateway, api, request).await)
-                }));
+                }))
             }
+            None => Either::Right(self.rest.call(request)),
         }
-        Either::Right(self.rest.call(request))
     }
 }
 
@@ -679,13 +674,11 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
 async fn probe(e: &Endpoint, timeout: Duration) -> bool {
     let model = e.upstream_model.as_ref().unwrap_or(&e.model);
     let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
-    let request = e
-        .post(0)
-        .header(stanch_api::headers::PROBE, "1")
-        .body(Full::new(Bytes::from(body.to_string())));
-    let Ok(request) = request else {
-        return false;
-    };
+    let mut request = e.post(0, Full::new(Bytes::from(body.to_string())));
+    request.headers_mut().insert(
+        stanch_api::headers::PROBE,
+        header::HeaderValue::from_static("1"),
+    );
     let answered = async {
         let response = e.conns.send(request).await.ok()?;
         let ok = response.status().is_success();

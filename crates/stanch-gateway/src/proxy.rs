@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use stanch_api::headers::{DEGRADED, RATE_LIMITED, ROUTE_VERSION};
@@ -67,30 +68,6 @@ impl Api {
     fn answers_from_faq(self) -> bool {
         self != Api::Embeddings
     }
-}
-
-/// `POST /v1/chat/completions`
-pub(crate) async fn chat(
-    State(gw): State<Arc<Gateway>>,
-    request: axum::extract::Request,
-) -> Response {
-    handle(gw, Api::Chat, request).await
-}
-
-/// `POST /v1/completions`
-pub(crate) async fn completions(
-    State(gw): State<Arc<Gateway>>,
-    request: axum::extract::Request,
-) -> Response {
-    handle(gw, Api::Completions, request).await
-}
-
-/// `POST /v1/embeddings`
-pub(crate) async fn embeddings(
-    State(gw): State<Arc<Gateway>>,
-    request: axum::extract::Request,
-) -> Response {
-    handle(gw, Api::Embeddings, request).await
 }
 
 /// The block the route table puts on an endpoint for its model, if any.
@@ -163,11 +140,8 @@ impl Rejected {
     }
 }
 
-pub(crate) async fn handle(
-    gw: Arc<Gateway>,
-    api: Api,
-    request: axum::extract::Request,
-) -> Response {
+/// Serves a request to one of the proxied routes.
+pub(crate) async fn handle(gw: Arc<Gateway>, api: Api, request: Request<Incoming>) -> Response {
     match route(gw.clone(), api, request).await {
         Ok(response) => response,
         Err(r) => {
@@ -177,6 +151,11 @@ pub(crate) async fn handle(
                 .inc();
             info!(target: "access", outcome = r.code, status = r.status.as_u16(), "request rejected");
             let mut response = openai_error(r.status, "invalid_request_error", r.code, &r.message);
+            if r.status == StatusCode::METHOD_NOT_ALLOWED {
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
             // Answered before routing, but still say which table was in force.
             with_route_version(&gw, &mut response);
             response
@@ -195,19 +174,33 @@ pub(crate) fn with_route_version(gw: &Gateway, response: &mut Response) {
 async fn route(
     gw: Arc<Gateway>,
     api: Api,
-    request: axum::extract::Request,
+    request: Request<Incoming>,
 ) -> Result<Response, Rejected> {
     // The request's own headers, not a copy: header values share its read buffer.
     let (parts, body) = request.into_parts();
+    if parts.method != Method::POST {
+        return Err(Rejected::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{} takes POST", parts.uri.path()),
+        ));
+    }
     let headers = parts.headers;
     let limit = gw.config.max_body_bytes;
-    let raw = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => {
+    let raw = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
             return Err(Rejected::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 format!("request bodies are limited to {limit} bytes"),
+            ));
+        }
+        Err(_) => {
+            return Err(Rejected::new(
+                StatusCode::BAD_REQUEST,
+                "body_unreadable",
+                "the request body ended before its declared length",
             ));
         }
     };
@@ -547,10 +540,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         }
         _ => ctx.raw.clone(),
     };
-    let request = match endpoint.post(ctx.api as usize).body(Full::new(payload)) {
-        Ok(r) => r,
-        Err(_) => return Attempt::Failed(Outcome::Connect),
-    };
+    let request = endpoint.post(ctx.api as usize, Full::new(payload));
     let in_flight = endpoint.start();
     let sent = Instant::now();
     let first_byte = gw

@@ -277,6 +277,9 @@ async fn the_proxied_routes_take_only_post_and_the_others_only_get() {
     for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
         let r = http.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(r.status(), 405, "GET {path}");
+        assert_eq!(r.headers()["allow"], "POST");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "method_not_allowed");
     }
     for path in [
         "/v1/models",

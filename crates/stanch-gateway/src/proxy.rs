@@ -306,8 +306,8 @@ async fn route(
     let deadline = ctx.started + gw.config.timeouts.total.0;
     let mut t = 0;
     'targets: while t < targets.len() {
-        let (m, p) = targets[t].clone();
-        let endpoints = &gw.models[&m].pools[p].1;
+        let (m, p) = targets[t];
+        let endpoints = &gw.models[m].pools[p].1;
         let mut in_pool = 0;
         while in_pool < policy.attempts_per_pool {
             let now = Instant::now();
@@ -356,7 +356,7 @@ async fn route(
                         .iter()
                         .filter(|(m2, _)| *m2 == m)
                         .any(|(m2, p2)| {
-                            gw.models[m2].pools[*p2].1.iter().any(|e| {
+                            gw.models[*m2].pools[*p2].1.iter().any(|e| {
                                 !tried.iter().any(|x| Arc::ptr_eq(x, e))
                                     && e.blocked(now).is_none()
                                     && blocked(e).is_none()
@@ -383,8 +383,8 @@ async fn route(
                     let larger = gw
                         .config
                         .models
-                        .get(&m)
-                        .and_then(|c| c.larger_context.clone());
+                        .get(m)
+                        .and_then(|c| c.larger_context.as_deref());
                     match larger {
                         Some(l) if !redirected => {
                             redirected = true;
@@ -394,7 +394,7 @@ async fn route(
                                     kind: "larger_context",
                                 })
                                 .inc();
-                            targets = plan(&gw, &l, table.as_deref(), wall);
+                            targets = plan(&gw, l, table.as_deref(), wall);
                             t = 0;
                             continue 'targets;
                         }
@@ -451,34 +451,46 @@ fn honoured<'t>(
 
 /// The (model, pool) pairs to try in order: the model's active pool, its other pools,
 /// then each fallback model's active and other pools.
-fn plan(
-    gw: &Gateway,
+fn plan<'g>(
+    gw: &'g Gateway,
     model: &str,
     table: Option<&RouteTable>,
     wall: Timestamp,
-) -> Vec<(String, usize)> {
+) -> Vec<(&'g str, usize)> {
     let mut out = Vec::new();
-    let fallbacks = gw
-        .config
-        .models
-        .get(model)
-        .map(|m| m.fallbacks.clone())
-        .unwrap_or_default();
-    for m in std::iter::once(model.to_owned()).chain(fallbacks) {
-        let Some(plan) = gw.models.get(&m) else {
+    let Some((model, config)) = gw.config.models.get_key_value(model) else {
+        return out;
+    };
+    for m in std::iter::once(model).chain(&config.fallbacks) {
+        let Some(plan) = gw.models.get(m) else {
             continue;
         };
-        let active = honoured(table, &m, wall)
+        let active = honoured(table, m, wall)
             .and_then(|e| plan.pools.iter().position(|(name, _)| *name == e.pool))
             .unwrap_or(0);
-        out.push((m.clone(), active));
+        out.push((m.as_str(), active));
         out.extend(
             (0..plan.pools.len())
                 .filter(|i| *i != active)
-                .map(|i| (m.clone(), i)),
+                .map(|i| (m.as_str(), i)),
         );
     }
     out
+}
+
+/// `X-Stanch-Attempts`'s value; the common counts without formatting or allocating.
+fn attempts_value(attempts: u32) -> HeaderValue {
+    const SMALL: [HeaderValue; 5] = [
+        HeaderValue::from_static("0"),
+        HeaderValue::from_static("1"),
+        HeaderValue::from_static("2"),
+        HeaderValue::from_static("3"),
+        HeaderValue::from_static("4"),
+    ];
+    match SMALL.get(attempts as usize) {
+        Some(v) => v.clone(),
+        None => HeaderValue::from(attempts),
+    }
 }
 
 fn backoff(gw: &Gateway, attempts: u32) -> Duration {
@@ -831,7 +843,7 @@ fn finish(
 ) -> Response {
     let h = response.headers_mut();
     h.insert(&ROUTE_VERSION_HEADER, HeaderValue::from(ctx.version));
-    h.insert(&ATTEMPTS_HEADER, HeaderValue::from(ctx.attempts));
+    h.insert(&ATTEMPTS_HEADER, attempts_value(ctx.attempts));
     if ctx.degraded {
         h.insert(&DEGRADED_HEADER, HeaderValue::from_static("true"));
     }

@@ -109,8 +109,16 @@ struct Ctx {
     started: Instant,
     degraded: bool,
     attempts: u32,
+    /// The caller's tenant (an index into `Gateway::tenants`), if its key is known.
+    tenant: Option<usize>,
+}
+
+impl Ctx {
     /// The caller's tenant name, for logs (never its key).
-    tenant: String,
+    fn tenant_name(&self) -> &str {
+        self.tenant
+            .map_or("anonymous", |i| self.gw.tenants[i].name.as_str())
+    }
 }
 
 enum Attempt {
@@ -222,7 +230,7 @@ async fn route(
             "model: required",
         ));
     };
-    let Some(model) = gw.resolve(&requested).map(str::to_owned) else {
+    let Some(model) = gw.resolve(&requested) else {
         return Err(Rejected::new(
             StatusCode::NOT_FOUND,
             "model_not_found",
@@ -237,7 +245,7 @@ async fn route(
     let tenant = presented.and_then(|key| {
         gw.tenants
             .iter()
-            .find(|t| bool::from(t.key.expose_secret().as_bytes().ct_eq(key.as_bytes())))
+            .position(|t| bool::from(t.key.expose_secret().as_bytes().ct_eq(key.as_bytes())))
     });
     if gw.config.require_tenant && tenant.is_none() {
         return Err(Rejected::new(
@@ -246,7 +254,7 @@ async fn route(
             "unknown API key",
         ));
     }
-    let vip = tenant.is_some_and(|t| t.vip);
+    let vip = tenant.is_some_and(|i| gw.tenants[i].vip);
     let wall = gw.clock.now();
     let table = gw.table();
     let version = table.as_ref().map_or(0, |t| t.version);
@@ -256,19 +264,19 @@ async fn route(
         gw: gw.clone(),
         api,
         requested,
-        model: model.clone(),
+        model: model.to_owned(),
         raw,
         stream,
         version,
         started: Instant::now(),
         degraded: false,
         attempts: 0,
-        tenant: tenant.map_or_else(|| "anonymous".to_owned(), |t| t.name.clone()),
+        tenant,
     };
 
     let entry = |m: &str| honoured(table.as_deref(), m, wall);
-    let mut serve = model.clone();
-    if let Some(e) = entry(&model) {
+    let mut serve = model;
+    if let Some(e) = entry(model) {
         match e.rung {
             Rung::Static if api.answers_from_faq() => {
                 return Ok(faq_answer(&ctx, e.faq.as_deref(), "static"));
@@ -280,12 +288,12 @@ async fn route(
                     .as_ref()
                     .filter(|a| !exempt && gw.models.contains_key(*a))
                 {
-                    serve.clone_from(alias);
+                    serve = alias;
                     ctx.degraded = true;
                     gw.metrics
                         .degraded
                         .get_or_create(&ModelLabel {
-                            model: model.clone(),
+                            model: model.to_owned(),
                         })
                         .inc();
                 }
@@ -294,12 +302,11 @@ async fn route(
         }
     }
     if ctx.degraded {
-        if let Some(e) = entry(&serve).filter(|e| e.rung == Rung::Static && api.answers_from_faq())
-        {
+        if let Some(e) = entry(serve).filter(|e| e.rung == Rung::Static && api.answers_from_faq()) {
             return Ok(faq_answer(&ctx, e.faq.as_deref(), "static"));
         }
     }
-    let mut targets = plan(&gw, &serve, table.as_deref(), wall);
+    let mut targets = plan(&gw, serve, table.as_deref(), wall);
     let mut redirected = false;
     let mut tried: Vec<Arc<Endpoint>> = Vec::new();
     let policy = &gw.config.retry;
@@ -330,7 +337,7 @@ async fn route(
                 gw.metrics
                     .retries
                     .get_or_create(&ModelLabel {
-                        model: model.clone(),
+                        model: model.to_owned(),
                     })
                     .inc();
                 tokio::time::sleep(backoff(&gw, ctx.attempts)).await;
@@ -427,8 +434,8 @@ async fn route(
             .fallbacks
             .get_or_create(&KindLabel { kind: "faq" })
             .inc();
-        let faq = gw.config.models.get(&serve).and_then(|m| m.faq.clone());
-        return Ok(faq_answer(&ctx, faq.as_deref(), "faq_fallback"));
+        let faq = gw.config.models.get(serve).and_then(|m| m.faq.as_deref());
+        return Ok(faq_answer(&ctx, faq, "faq_fallback"));
     }
     let response = openai_error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -725,12 +732,10 @@ async fn stream(
         }
     }
     let ttft = sent.elapsed();
-    gw.metrics
-        .ttft
-        .get_or_create(&ModelLabel {
-            model: ctx.model.clone(),
-        })
-        .observe(ttft.as_secs_f64());
+    let histograms = gw.model_histograms.get(&ctx.model).cloned();
+    if let Some((_, ttft_seconds)) = &histograms {
+        ttft_seconds.observe(ttft.as_secs_f64());
+    }
     // Committed: from here on the caller has bytes, so failures end the stream explicitly.
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(32);
     let endpoint = endpoint.clone();
@@ -806,12 +811,9 @@ async fn stream(
             send(error_event(&outcome)).await;
         }
         record(&gw, &endpoint, &outcome, ttft);
-        gw.metrics
-            .latency
-            .get_or_create(&ModelLabel {
-                model: model.clone(),
-            })
-            .observe(started.elapsed().as_secs_f64());
+        if let Some((latency, _)) = &histograms {
+            latency.observe(started.elapsed().as_secs_f64());
+        }
         info!(target: "access", model = %model, endpoint = %endpoint.url, attempts, outcome = outcome.label(), version, stream = true, ms = started.elapsed().as_millis() as u64, "stream finished");
         // The caller's stream ends here; then the upstream's is read to its end (the
         // chunked terminator follows `[DONE]`), so its connection can be reused.
@@ -878,7 +880,7 @@ fn finish(
     info!(
         target: "access",
         model = %ctx.requested,
-        tenant = %ctx.tenant,
+        tenant = %ctx.tenant_name(),
         served = %endpoint.map_or("none", |e| e.model.as_str()),
         endpoint = %endpoint.map_or("", |e| e.url.as_str()),
         attempts = ctx.attempts,

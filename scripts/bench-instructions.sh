@@ -21,12 +21,7 @@ command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1
 cargo build --release -q -p stanch-gateway -p stanch-mock -p stanch-bench
 
 dir="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+trap 'rm -rf "$dir"' EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -58,8 +53,10 @@ PY
 }
 
 # Runs the proxy under callgrind for $1 requests; prints the instructions it executed.
+# It runs in a command substitution (a subshell), so it stops what it started itself.
 count() {
-  local requests="$1" up1 up2 port out
+  local requests="$1" up1 up2 port out pids=()
+  trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
   up1="$(free_port)"; up2="$(free_port)"; port="$(free_port)"; out="$dir/callgrind.$requests"
   target/release/stanch-mock --listen "127.0.0.1:$up1" --model qwen-72b --instance a >/dev/null 2>&1 &
   pids+=($!)
@@ -89,6 +86,7 @@ EOF
   send "$requests" "$port"
   kill -TERM "$vg"
   wait "$vg" 2>/dev/null || true
+  kill "${pids[@]}" 2>/dev/null || true
   grep '^summary:' "$out" | awk '{print $2}'
 }
 

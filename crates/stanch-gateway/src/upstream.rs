@@ -89,19 +89,10 @@ impl Connector {
 
 /// Builds the TLS client side: the Mozilla roots, plus a private CA's when given.
 pub(crate) fn tls_connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = ca_file {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if certs.is_empty() {
-            return Err(format!("{}: no PEM certificate in it", path.display()));
-        }
-        for cert in certs {
+        for cert in stanch_net::certificates(path)? {
             roots
                 .add(cert)
                 .map_err(|e| format!("{}: {e}", path.display()))?;

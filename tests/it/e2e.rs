@@ -735,9 +735,11 @@ async fn recovery_steps_down_one_rung_at_a_time_without_flapping() {
 
 /// dc-a fails for 3 s and works for 2 s, over and over: faster than the stabilization
 /// window. The model is held on dc-b instead of bounced: gateways probe the pool the
-/// table failed away from, its failing probes keep the pool alert firing through each
-/// brief recovery, the endpoint-error rule soft-blocks dc-a's endpoint for every
-/// gateway, and nothing moves for the rest of the flapping. (When traffic does keep
+/// table failed away from, and its failing probes keep the pool alert firing through
+/// each brief recovery, so nothing moves for the rest of the flapping. (Whether the
+/// endpoint-error rule also soft-blocks dc-a's endpoint depends on where in a cycle the
+/// failover lands: it needs its `for` to pass while dc-a still has traffic. Either
+/// way the model stays put.) (When traffic does keep
 /// reaching a flapping pool, the flap guard pins the model: engine scenario
 /// `flap_guard_pins`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -764,8 +766,7 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
     let route = |g: &Gateway| {
         let t = stanch_gateway::applied_table(g).unwrap();
         let m = &t.models["qwen-72b"];
-        let dc_a_blocked = t.blocked.iter().any(|b| b.endpoint == lp.mocks[0].0);
-        (m.rung.to_string(), m.pool.clone(), dc_a_blocked)
+        (m.rung.to_string(), m.pool.clone())
     };
     let mut samples = Vec::new();
     for _ in 0..330 {
@@ -794,7 +795,6 @@ async fn a_flapping_fault_settles_instead_of_bouncing() {
         ("failover", "dc-b"),
         "held on the healthy pool"
     );
-    assert!(last.2, "dc-a's endpoint is blocked for every gateway");
     assert!(
         changes.last().is_none_or(|i| *i < samples.len() - 100),
         "nothing moved in the last 10 s of flapping"

@@ -8,6 +8,7 @@
 #   scripts/bench-instructions.sh            # stanch-gateway
 #   scripts/bench-instructions.sh bare       # the bare hyper proxy of stanch-bench
 #
+# STREAM=1 asks for streamed answers (SSE, 16 tokens) instead of whole ones.
 # KEEP=FILE keeps the larger run's profile for callgrind_annotate.
 #
 # Needs valgrind (Debian: valgrind) and python3. User-space instructions only: the
@@ -27,10 +28,12 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # Sends $1 chat requests to 127.0.0.1:$2, a quarter on each of 4 connections.
 send() {
-  python3 - "$1" "$2" <<'PY'
+  python3 - "$1" "$2" "${STREAM:-}" <<'PY'
 import concurrent.futures, socket, sys
-n, port = int(sys.argv[1]), int(sys.argv[2])
-body = b'{"model":"qwen-72b","max_tokens":8,"messages":[{"role":"user","content":"hello there"}]}'
+n, port, stream = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+body = (b'{"model":"qwen-72b","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hello there"}]}'
+        if stream else
+        b'{"model":"qwen-72b","max_tokens":8,"messages":[{"role":"user","content":"hello there"}]}')
 request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 def connection(count):
@@ -41,11 +44,18 @@ def connection(count):
         status = f.readline()
         if b" 200 " not in status:
             sys.exit(f"unexpected answer: {status!r}")
-        length = 0
+        length, chunked = 0, False
         while (line := f.readline()) not in (b"\r\n", b""):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":")[1])
-        f.read(length)
+            if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+                chunked = True
+        if not chunked:
+            f.read(length)
+            continue
+        while (size := int(f.readline().strip(), 16)) > 0:
+            f.read(size + 2)
+        f.read(2)
     s.close()
 with concurrent.futures.ThreadPoolExecutor(4) as pool:
     list(pool.map(connection, [n // 4] * 4))
@@ -93,4 +103,4 @@ EOF
 a="$(count "$small")"
 b="$(count "$large")"
 if [ -n "${KEEP:-}" ]; then cp "$dir/callgrind.$large" "$KEEP"; fi
-echo "$proxy: $(( (b - a) / (large - small) )) instructions per request (callgrind; $small and $large requests: $a and $b)"
+echo "$proxy${STREAM:+ (streamed)}: $(( (b - a) / (large - small) )) instructions per request (callgrind; $small and $large requests: $a and $b)"

@@ -37,6 +37,10 @@ pub struct GatewayArgs {
     /// Requests per second, over all connections, for the added-latency measure.
     #[arg(long, default_value_t = 4000.0)]
     paced_rate: f64,
+    /// Streamed answers (SSE, 16 tokens each) instead of whole ones; nginx then runs
+    /// with `proxy_buffering off`, as it must in front of an SSE upstream.
+    #[arg(long)]
+    stream: bool,
 }
 
 struct Proc(Child);
@@ -100,6 +104,7 @@ fn port() -> anyhow::Result<u16> {
 
 const BODY: &str =
     r#"{"model":"qwen-72b","max_tokens":8,"messages":[{"role":"user","content":"hello there"}]}"#;
+const STREAM_BODY: &str = r#"{"model":"qwen-72b","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hello there"}]}"#;
 
 /// A keep-alive HTTP/1.1 connection that posts a chat request and reads the answer.
 struct Conn {
@@ -199,6 +204,7 @@ enum Pace {
 /// `measure`; latency is taken from the moment each request is written.
 async fn load(
     addrs: &[String],
+    body: &'static str,
     connections: usize,
     pace: Pace,
     warmup: Duration,
@@ -219,7 +225,7 @@ async fn load(
                 .unwrap_or_default()
                 .mul_f64(i as f64 / connections as f64);
         tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(&addr, "/v1/chat/completions", BODY).await?;
+            let mut conn = Conn::open(&addr, "/v1/chat/completions", body).await?;
             let mut latencies = Vec::with_capacity(100_000);
             let mut errors = 0u64;
             // Bounded in count as well as time.
@@ -235,7 +241,7 @@ async fn load(
                 let status = match conn.call().await {
                     Ok(s) => s,
                     Err(_) => {
-                        conn = Conn::open(&addr, "/v1/chat/completions", BODY).await?;
+                        conn = Conn::open(&addr, "/v1/chat/completions", body).await?;
                         0
                     }
                 };
@@ -298,14 +304,19 @@ async fn mock_faulted(addr: &str) -> anyhow::Result<u64> {
     Ok(v["by_outcome"]["fault:status"].as_u64().unwrap_or(0))
 }
 
-fn nginx_conf(dir: &Path, listen: u16, upstreams: &[String]) -> String {
+fn nginx_conf(dir: &Path, listen: u16, upstreams: &[String], stream: bool) -> String {
+    let buffering = if stream {
+        "      proxy_buffering off;\n"
+    } else {
+        ""
+    };
     let servers: String = upstreams
         .iter()
         .map(|u| format!("    server {u};\n"))
         .collect();
     let d = dir.display();
     format!(
-        "worker_processes auto;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\nevents {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream mocks {{\n{servers}    keepalive 64;\n  }}\n  server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n      proxy_pass http://mocks;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout http_500 http_502 http_503 http_504;\n    }}\n  }}\n}}\n"
+        "worker_processes auto;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\nevents {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream mocks {{\n{servers}    keepalive 64;\n  }}\n  server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n      proxy_pass http://mocks;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout http_500 http_502 http_503 http_504;\n{buffering}    }}\n  }}\n}}\n"
     )
 }
 
@@ -380,7 +391,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let nginx_port = port()?;
     std::fs::write(
         dir.path().join("nginx.conf"),
-        nginx_conf(dir.path(), nginx_port, &mocks),
+        nginx_conf(dir.path(), nginx_port, &mocks, args.stream),
     )?;
     let nginx = Command::new(&args.nginx)
         .arg("-p")
@@ -416,8 +427,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         Duration::from_secs(args.seconds),
         args.connections,
     );
+    let (body, kind) = if args.stream {
+        (STREAM_BODY, "streamed chat, 16 tokens")
+    } else {
+        (BODY, "non-streaming chat")
+    };
     println!(
-        "stanch-bench gateway: 3 stanch-mock upstreams, {n} keep-alive connections, {}s each, non-streaming chat",
+        "stanch-bench gateway: 3 stanch-mock upstreams, {n} keep-alive connections, {}s each, {kind}",
         args.seconds
     );
     // The proxies measured: the gateway, the bare hyper proxy under it, and nginx.
@@ -428,12 +444,20 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     if let Some(p) = &nginx {
         proxies.push(("nginx", nginx_addr.clone(), (p.0).0.id()));
     }
-    let direct = load(&mocks, n, Pace::Saturate, warm, measure).await?;
+    let direct = load(&mocks, body, n, Pace::Saturate, warm, measure).await?;
     println!("{}", line("direct to mocks", &direct));
     let mut saturated = Vec::new();
     for (name, addr, pid) in &proxies {
         let cpu0 = cpu_seconds(*pid);
-        let l = load(std::slice::from_ref(addr), n, Pace::Saturate, warm, measure).await?;
+        let l = load(
+            std::slice::from_ref(addr),
+            body,
+            n,
+            Pace::Saturate,
+            warm,
+            measure,
+        )
+        .await?;
         // Warm-up requests used CPU too; they are not in `latencies`.
         let requests =
             l.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64());
@@ -450,12 +474,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     // Added latency at a steady rate below saturation.
     let rate = args.paced_rate;
     println!("paced: {rate:.0} req/s over the same {n} connections");
-    let direct = load(&mocks, n, Pace::Rate(rate), warm, measure).await?;
+    let direct = load(&mocks, body, n, Pace::Rate(rate), warm, measure).await?;
     println!("{}", line("direct to mocks", &direct));
     let mut paced = Vec::new();
     for (name, addr, _) in &proxies {
         let l = load(
             std::slice::from_ref(addr),
+            body,
             n,
             Pace::Rate(rate),
             warm,
@@ -490,6 +515,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     };
     let during = load(
         std::slice::from_ref(&gateway),
+        body,
         n,
         Pace::Saturate,
         Duration::ZERO,

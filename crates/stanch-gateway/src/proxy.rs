@@ -14,7 +14,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request};
@@ -39,6 +40,10 @@ static ROUTE_VERSION_HEADER: HeaderName = HeaderName::from_static(ROUTE_VERSION)
 static DEGRADED_HEADER: HeaderName = HeaderName::from_static(DEGRADED);
 static ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-stanch-attempts");
 
+/// The most of a stream passed to the caller in one write.
+const BATCH_LIMIT: usize = 64 * 1024;
+/// The event that ends an OpenAI stream.
+const DONE: &[u8] = b"data: [DONE]\n\n";
 /// How long to wait for `[DONE]` after the final chunk before adding it ourselves.
 const DONE_GRACE: Duration = Duration::from_millis(200);
 /// The most of an upstream error body read, to classify it.
@@ -748,26 +753,53 @@ async fn stream(
             let tx = tx.clone();
             async move { tx.send(Ok(bytes)).await.is_ok() }
         };
+        // What has arrived goes to the caller in one write, however many events it
+        // holds: upstreams send each event as its own HTTP chunk, and a write per
+        // event would cost a system call per token. Nothing waits to be batched: the
+        // gateway writes as soon as the upstream has nothing more ready (one yield to
+        // the upstream connection's task is all it takes to find out).
+        let mut out = BytesMut::new();
         for b in ready {
-            if !send(b).await {
-                return;
-            }
+            out.extend_from_slice(&b);
         }
         let outcome = if done {
-            send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+            out.extend_from_slice(DONE);
             Outcome::Success
         } else {
             loop {
-                let wait = if last { DONE_GRACE } else { idle };
-                match tokio::time::timeout(wait, body.frame()).await {
+                // Bounded, so that an upstream faster than the caller cannot grow it.
+                let room = out.len() < BATCH_LIMIT;
+                let mut now = if room {
+                    body.frame().now_or_never()
+                } else {
+                    None
+                };
+                if now.is_none() && room && !out.is_empty() {
+                    // The upstream's connection hands over one HTTP chunk at a time, from
+                    // its own task: let it run once, so that chunks it has already read
+                    // join this write instead of costing a write each.
+                    tokio::task::yield_now().await;
+                    now = body.frame().now_or_never();
+                }
+                let next = match now {
+                    Some(frame) => Ok(frame),
+                    None => {
+                        if !out.is_empty() && !send(out.split().freeze()).await {
+                            return;
+                        }
+                        let wait = if last { DONE_GRACE } else { idle };
+                        tokio::time::timeout(wait, body.frame()).await
+                    }
+                };
+                match next {
                     Err(_) if last => {
                         // The final chunk came and [DONE] did not: the answer is complete.
-                        send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                        out.extend_from_slice(DONE);
                         break Outcome::Success;
                     }
                     Err(_) => break Outcome::Stalled,
                     Ok(None) | Ok(Some(Err(_))) if last => {
-                        send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                        out.extend_from_slice(DONE);
                         break Outcome::Success;
                     }
                     Ok(None) => break Outcome::Truncated,
@@ -781,23 +813,21 @@ async fn stream(
                             match event {
                                 Event::Chunk { raw, last: l } => {
                                     last |= l;
-                                    if !send(raw).await {
-                                        return;
-                                    }
+                                    out.extend_from_slice(&raw);
                                 }
-                                Event::Other(raw) => {
-                                    if !send(raw).await {
-                                        return;
-                                    }
-                                }
+                                Event::Other(raw) => out.extend_from_slice(&raw),
                                 Event::Done => {
-                                    send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                                    out.extend_from_slice(DONE);
                                     finished = Some(Outcome::Success);
                                 }
                                 Event::Error(_) => finished = Some(Outcome::ServerError(200)),
                                 Event::Malformed => {
                                     gw.metrics.malformed_chunks.inc();
                                 }
+                            }
+                            // Nothing after the end of the answer is passed on.
+                            if finished.is_some() {
+                                break;
                             }
                         }
                         if let Some(o) = finished {
@@ -807,6 +837,9 @@ async fn stream(
                 }
             }
         };
+        if !out.is_empty() && !send(out.split().freeze()).await {
+            return;
+        }
         if outcome != Outcome::Success {
             send(error_event(&outcome)).await;
         }

@@ -535,3 +535,42 @@ async fn pools_the_table_failed_away_from_are_probed_and_counted() {
     assert!(a.mock.stats().probes > before, "dc-a probed while static");
     assert!(b.mock.stats().probes >= 2, "dc-b probed while static");
 }
+
+#[tokio::test]
+async fn streams_pass_through_as_tokens_arrive() {
+    let mut config = MockConfig::new("qwen-72b", "a");
+    config.token_interval = Duration::from_millis(100);
+    let a = Upstream::with(config).await;
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    pools:\n      - name: dc-a\n        endpoints: [{{url: '{{a}}'}}]\n{POLICY}"
+    );
+    let gw = gateway(&yaml, &[("a", &a)]).await;
+    let started = Instant::now();
+    let mut r = gw.chat("qwen-72b", true).await;
+    assert_eq!(r.status(), 200);
+    // When each piece of the answer reached the caller, and what it held.
+    let mut pieces = Vec::new();
+    while let Some(bytes) = r.chunk().await.unwrap() {
+        pieces.push((
+            started.elapsed(),
+            String::from_utf8_lossy(&bytes).into_owned(),
+        ));
+    }
+    let text: String = pieces.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(content(&events(&text)).split_whitespace().count(), 4);
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let with_content: Vec<Duration> = pieces
+        .iter()
+        .filter(|(_, p)| p.contains("\"content\""))
+        .map(|(at, _)| *at)
+        .collect();
+    assert!(
+        with_content.len() >= 4,
+        "each token is its own write when tokens come apart: {pieces:?}"
+    );
+    let (first, last) = (with_content[0], *with_content.last().unwrap());
+    assert!(
+        last - first >= Duration::from_millis(250),
+        "passed on as they came, not gathered: {pieces:?}"
+    );
+}

@@ -195,9 +195,13 @@ impl Pool {
     ) -> Result<Response<Body>, SendError> {
         while let Some(mut conn) = self.shared.checkout() {
             // Ready at once unless its previous response ended a moment ago and the
-            // connection has not yet turned around; it errs when it closed.
-            if !conn.is_ready() && conn.ready().await.is_err() {
-                continue;
+            // connection has not yet turned around; it errs when it closed. One that
+            // does not turn around within the connect timeout is dropped, not waited on.
+            if !conn.is_ready() {
+                let limit = self.shared.connector.connect_timeout;
+                if !matches!(tokio::time::timeout(limit, conn.ready()).await, Ok(Ok(()))) {
+                    continue;
+                }
             }
             match conn.try_send_request(request).await {
                 Ok(response) => return Ok(self.wrap(response, conn)),

@@ -19,6 +19,7 @@ use futures_util::FutureExt;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request};
+use prometheus_client::metrics::counter::Counter;
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use stanch_api::headers::{DEGRADED, RATE_LIMITED, ROUTE_VERSION};
@@ -685,11 +686,11 @@ async fn stream(
         .and_then(|m| m.first_token_timeout)
         .map_or(gw.config.timeouts.first_token.0, |d| d.0);
     let until = sent + first_token;
-    let mut parser = Parser::default();
-    let mut ready: Vec<Bytes> = Vec::new();
-    let mut last = false;
-    let mut done = false;
-    while ready.is_empty() && !done {
+    // Read until the first token: until then the attempt can still fail over unseen.
+    // (A heartbeat comment is held, not taken for a token.)
+    let mut relay = Relay::default();
+    let malformed = gw.metrics.malformed_chunks.clone();
+    let end = loop {
         let frame = match tokio::time::timeout_at(until, body.frame()).await {
             Err(_) => {
                 record(
@@ -713,29 +714,21 @@ async fn stream(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        for event in parser.push(&data) {
-            match event {
-                Event::Chunk { raw, last: l } => {
-                    ready.push(raw);
-                    last |= l;
-                }
-                Event::Done => done = true,
-                Event::Error(_) => {
-                    record(
-                        &ctx.gw,
-                        endpoint,
-                        &Outcome::ServerError(200),
-                        sent.elapsed(),
-                    );
-                    return Attempt::Failed(Outcome::ServerError(200));
-                }
-                Event::Malformed => {
-                    gw.metrics.malformed_chunks.inc();
-                }
-                Event::Other(raw) => ready.push(raw),
+        match relay.take(&data, &malformed) {
+            Some(End::Error) => {
+                record(
+                    &ctx.gw,
+                    endpoint,
+                    &Outcome::ServerError(200),
+                    sent.elapsed(),
+                );
+                return Attempt::Failed(Outcome::ServerError(200));
             }
+            Some(End::Done) => break Some(Outcome::Success),
+            None if relay.started => break None,
+            None => {}
         }
-    }
+    };
     let ttft = sent.elapsed();
     let histograms = gw.model_histograms.get(&ctx.model).cloned();
     if let Some((_, ttft_seconds)) = &histograms {
@@ -749,99 +742,19 @@ async fn stream(
         (ctx.model.clone(), ctx.version, ctx.attempts, ctx.started);
     tokio::spawn(async move {
         let _in_flight = in_flight;
-        let send = |bytes: Bytes| {
-            let tx = tx.clone();
-            async move { tx.send(Ok(bytes)).await.is_ok() }
+        let outcome = match end {
+            Some(outcome) => outcome,
+            None => match relay.run(&mut body, idle, &tx, &malformed).await {
+                Some(outcome) => outcome,
+                // The caller has gone: there is no one to answer.
+                None => return,
+            },
         };
-        // What has arrived goes to the caller in one write, however many events it
-        // holds: upstreams send each event as its own HTTP chunk, and a write per
-        // event would cost a system call per token. Nothing waits to be batched: the
-        // gateway writes as soon as the upstream has nothing more ready (one yield to
-        // the upstream connection's task is all it takes to find out).
-        let mut out = BytesMut::new();
-        for b in ready {
-            out.extend_from_slice(&b);
-        }
-        let outcome = if done {
-            out.extend_from_slice(DONE);
-            Outcome::Success
-        } else {
-            loop {
-                // Bounded, so that an upstream faster than the caller cannot grow it.
-                let room = out.len() < BATCH_LIMIT;
-                let mut now = if room {
-                    body.frame().now_or_never()
-                } else {
-                    None
-                };
-                if now.is_none() && room && !out.is_empty() {
-                    // The upstream's connection hands over one HTTP chunk at a time, from
-                    // its own task: let it run once, so that chunks it has already read
-                    // join this write instead of costing a write each.
-                    tokio::task::yield_now().await;
-                    now = body.frame().now_or_never();
-                }
-                let next = match now {
-                    Some(frame) => Ok(frame),
-                    None => {
-                        if !out.is_empty() && !send(out.split().freeze()).await {
-                            return;
-                        }
-                        let wait = if last { DONE_GRACE } else { idle };
-                        tokio::time::timeout(wait, body.frame()).await
-                    }
-                };
-                match next {
-                    Err(_) if last => {
-                        // The final chunk came and [DONE] did not: the answer is complete.
-                        out.extend_from_slice(DONE);
-                        break Outcome::Success;
-                    }
-                    Err(_) => break Outcome::Stalled,
-                    Ok(None) | Ok(Some(Err(_))) if last => {
-                        out.extend_from_slice(DONE);
-                        break Outcome::Success;
-                    }
-                    Ok(None) => break Outcome::Truncated,
-                    Ok(Some(Err(_))) => break Outcome::Connect,
-                    Ok(Some(Ok(frame))) => {
-                        let Ok(data) = frame.into_data() else {
-                            continue;
-                        };
-                        let mut finished = None;
-                        for event in parser.push(&data) {
-                            match event {
-                                Event::Chunk { raw, last: l } => {
-                                    last |= l;
-                                    out.extend_from_slice(&raw);
-                                }
-                                Event::Other(raw) => out.extend_from_slice(&raw),
-                                Event::Done => {
-                                    out.extend_from_slice(DONE);
-                                    finished = Some(Outcome::Success);
-                                }
-                                Event::Error(_) => finished = Some(Outcome::ServerError(200)),
-                                Event::Malformed => {
-                                    gw.metrics.malformed_chunks.inc();
-                                }
-                            }
-                            // Nothing after the end of the answer is passed on.
-                            if finished.is_some() {
-                                break;
-                            }
-                        }
-                        if let Some(o) = finished {
-                            break o;
-                        }
-                    }
-                }
-            }
-        };
-        if !out.is_empty() && !send(out.split().freeze()).await {
+        if !relay.out.is_empty() && !pass(&tx, relay.out.split().freeze()).await {
             return;
         }
         if outcome != Outcome::Success {
-            send(error_event(&outcome)).await;
+            pass(&tx, error_event(&outcome)).await;
         }
         record(&gw, &endpoint, &outcome, ttft);
         if let Some((latency, _)) = &histograms {
@@ -867,6 +780,116 @@ async fn stream(
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Attempt::Answer(response)
+}
+
+/// A stream on its way from the upstream to the caller.
+#[derive(Default)]
+struct Relay {
+    parser: Parser,
+    /// Bytes for the caller, not yet written.
+    out: BytesMut,
+    /// A chunk has passed: the first token.
+    started: bool,
+    /// A chunk with a `finish_reason` has passed: the answer is complete.
+    last: bool,
+}
+
+/// How the events of a stream said it ended.
+enum End {
+    /// `data: [DONE]`.
+    Done,
+    /// An error object in the stream.
+    Error,
+}
+
+impl Relay {
+    /// Takes the bytes of one upstream frame: what is for the caller goes to `out`.
+    /// Returns how the answer ended, if it did; nothing after its end is taken.
+    fn take(&mut self, data: &[u8], malformed: &Counter) -> Option<End> {
+        for event in self.parser.push(data) {
+            match event {
+                Event::Chunk { raw, last } => {
+                    self.started = true;
+                    self.last |= last;
+                    self.out.extend_from_slice(&raw);
+                }
+                Event::Other(raw) => self.out.extend_from_slice(&raw),
+                Event::Done => {
+                    self.out.extend_from_slice(DONE);
+                    return Some(End::Done);
+                }
+                Event::Error(_) => return Some(End::Error),
+                Event::Malformed => {
+                    malformed.inc();
+                }
+            }
+        }
+        None
+    }
+
+    /// Passes the stream on until it ends, and says how; `None` when the caller has
+    /// gone. What has arrived goes to the caller in one write, however many events it
+    /// holds: upstreams send each event as its own HTTP chunk, and a write per event
+    /// would cost a system call per token. Nothing waits to be gathered: the relay
+    /// writes as soon as the upstream has nothing more ready, which one yield to the
+    /// upstream connection's task (it hands over one chunk at a time) is enough to see.
+    async fn run(
+        &mut self,
+        body: &mut upstream::Body,
+        idle: Duration,
+        tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+        malformed: &Counter,
+    ) -> Option<Outcome> {
+        loop {
+            // Bounded, so that an upstream faster than the caller cannot grow it.
+            let room = self.out.len() < BATCH_LIMIT;
+            let mut now = if room {
+                body.frame().now_or_never()
+            } else {
+                None
+            };
+            if now.is_none() && room && !self.out.is_empty() {
+                tokio::task::yield_now().await;
+                now = body.frame().now_or_never();
+            }
+            let next = match now {
+                Some(frame) => Ok(frame),
+                None => {
+                    if !self.out.is_empty() && !pass(tx, self.out.split().freeze()).await {
+                        return None;
+                    }
+                    let wait = if self.last { DONE_GRACE } else { idle };
+                    tokio::time::timeout(wait, body.frame()).await
+                }
+            };
+            match next {
+                // The final chunk came, then the stream ended or went quiet without
+                // `[DONE]`: the answer is complete, and ends properly.
+                Err(_) | Ok(None) | Ok(Some(Err(_))) if self.last => {
+                    self.out.extend_from_slice(DONE);
+                    return Some(Outcome::Success);
+                }
+                Err(_) => return Some(Outcome::Stalled),
+                Ok(None) => return Some(Outcome::Truncated),
+                Ok(Some(Err(_))) => return Some(Outcome::Connect),
+                Ok(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    match self.take(&data, malformed) {
+                        Some(End::Done) => return Some(Outcome::Success),
+                        Some(End::Error) => return Some(Outcome::ServerError(200)),
+                        None => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes `bytes` to the caller; false when the caller has gone.
+async fn pass(tx: &mpsc::Sender<Result<Bytes, std::io::Error>>, bytes: Bytes) -> bool {
+    tx.send(Ok(bytes)).await.is_ok()
 }
 
 /// Adds the gateway's headers, counts, and logs.
@@ -1028,8 +1051,39 @@ fn faq_answer(ctx: &Ctx, set: Option<&str>, outcome: &'static str) -> Response {
 mod tests {
     use stanch_api::{BlockedEndpoint, RouteTable, Timestamp};
 
-    use super::table_block;
+    use super::{End, Relay, table_block};
     use crate::endpoints::Endpoint;
+
+    #[test]
+    fn a_relay_holds_heartbeats_until_the_first_token_and_stops_at_the_end() {
+        let malformed = prometheus_client::metrics::counter::Counter::default();
+        let mut relay = Relay::default();
+        assert!(relay.take(b": keep-alive\n\n", &malformed).is_none());
+        assert!(!relay.started, "a heartbeat is not the first token");
+        assert!(relay.take(b"data: {oops\n\n", &malformed).is_none());
+        assert_eq!(
+            malformed.get(),
+            1,
+            "a malformed chunk is counted and dropped"
+        );
+        let end = relay.take(
+            b"data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\ndata: {\"late\":1}\n\n",
+            &malformed,
+        );
+        assert!(matches!(end, Some(End::Done)));
+        assert!(relay.started && relay.last);
+        assert_eq!(
+            &relay.out[..],
+            &b": keep-alive\n\ndata: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"[..],
+            "the heartbeat goes on with the answer; nothing after [DONE] does"
+        );
+        let mut failing = Relay::default();
+        let end = failing.take(
+            b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n",
+            &malformed,
+        );
+        assert!(matches!(end, Some(End::Error)));
+    }
 
     #[test]
     fn a_table_block_names_an_endpoint_by_url_or_host_and_port() {

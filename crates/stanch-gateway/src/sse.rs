@@ -30,10 +30,18 @@ pub(crate) enum Event {
     Other(Bytes),
 }
 
+/// The largest event kept whole; a larger one is not a chunk of an answer, and holding
+/// it would let one upstream grow the gateway's memory without bound.
+const MAX_EVENT: usize = 1 << 20;
+
 /// Splits bytes into events.
 #[derive(Debug, Default)]
 pub(crate) struct Parser {
     buf: BytesMut,
+    /// How much of `buf` has been searched for an event's end, in vain.
+    searched: usize,
+    /// Inside an event too large to keep: its bytes are dropped until it ends.
+    skipping: bool,
 }
 
 /// Where the first event in `buf` ends: after its blank line (`\n\n` or `\r\n\r\n`).
@@ -50,10 +58,30 @@ impl Parser {
     pub fn push(&mut self, chunk: &[u8]) -> Vec<Event> {
         self.buf.extend_from_slice(chunk);
         let mut events = Vec::new();
-        while let Some(end) = event_end(&self.buf) {
-            events.push(classify(self.buf.split_to(end).freeze()));
+        loop {
+            // What was searched is not searched again, but for the two bytes a blank
+            // line can straddle.
+            let from = self.searched.saturating_sub(2);
+            let Some(end) = event_end(&self.buf[from..]) else {
+                self.searched = self.buf.len();
+                if (self.skipping || self.buf.len() > MAX_EVENT) && self.buf.len() > 2 {
+                    if !self.skipping {
+                        events.push(Event::Malformed);
+                        self.skipping = true;
+                    }
+                    // The last bytes may begin the blank line that ends it.
+                    self.buf = self.buf.split_off(self.buf.len() - 2);
+                    self.searched = 0;
+                }
+                return events;
+            };
+            let event = self.buf.split_to(from + end).freeze();
+            self.searched = 0;
+            if std::mem::take(&mut self.skipping) {
+                continue; // the end of an event too large to keep
+            }
+            events.push(classify(event));
         }
-        events
     }
 }
 
@@ -238,6 +266,24 @@ mod tests {
             matches!(ev[0], Event::Chunk { last: false, .. }),
             "a chunk is an error only when its top level says so: {ev:?}"
         );
+    }
+
+    #[test]
+    fn an_event_too_large_is_dropped_whole() {
+        let mut p = Parser::default();
+        let huge = vec![b'x'; 64 * 1024];
+        let mut events = p.push(b"data: {\"content\": \"");
+        for _ in 0..20 {
+            events.extend(p.push(&huge));
+        }
+        assert_eq!(events, vec![Event::Malformed], "counted once");
+        assert!(p.buf.len() < 64, "and not held: {}", p.buf.len());
+        let ev = p.push(b"xx\"}\n\ndata: {\"choices\":[]}\n\n");
+        assert_eq!(ev.len(), 1, "its tail is dropped too: {ev:?}");
+        assert!(matches!(ev[0], Event::Chunk { .. }));
+        // A blank line split across pushes still ends an event.
+        assert!(p.push(b"data: {}\r\n\r").is_empty());
+        assert_eq!(p.push(b"\n").len(), 1);
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub struct GatewayConfig {
     /// Request bodies above this are refused with 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// A whole (non-streamed) upstream answer above this is a failed attempt: the
+    /// gateway holds a whole answer in memory before passing it on.
+    #[serde(default = "default_max_response")]
+    pub max_response_bytes: usize,
     /// How `https` endpoints and an `https` controller are trusted.
     #[serde(default)]
     pub tls: TlsTrust,
@@ -58,6 +62,10 @@ pub struct TlsTrust {
 
 fn default_max_body() -> usize {
     4 * 1024 * 1024
+}
+
+fn default_max_response() -> usize {
+    64 * 1024 * 1024
 }
 
 /// One model.
@@ -527,6 +535,14 @@ impl GatewayConfig {
                 "must be at least 1".into(),
             );
         }
+        for (path, bytes) in [
+            ("max_body_bytes", self.max_body_bytes),
+            ("max_response_bytes", self.max_response_bytes),
+        ] {
+            if bytes == 0 {
+                problem(path.into(), "must be at least 1".into());
+            }
+        }
         if !(0.0..=0.5).contains(&b.jitter) {
             problem("blocking.jitter".into(), "must be between 0 and 0.5".into());
         }
@@ -574,4 +590,77 @@ pub fn secret(
             .map_err(|e| format!("cannot read {path}: {e}"));
     }
     Ok(literal.map(|v| SecretString::from(v.clone())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The problems of `yaml`, as `path: message` lines.
+    fn problems(yaml: &str) -> Vec<String> {
+        match GatewayConfig::from_yaml(yaml) {
+            Ok(_) => Vec::new(),
+            Err(ConfigError::Invalid(problems)) => problems
+                .into_iter()
+                .map(|p| format!("{}: {}", p.path, p.message))
+                .collect(),
+            Err(e) => vec![e.to_string()],
+        }
+    }
+
+    #[test]
+    fn every_problem_is_named_by_its_path() {
+        let found = problems(
+            r#"
+models:
+  m:
+    fallbacks: [ghost]
+    pools:
+      - name: a
+        endpoints:
+          - {url: "ftp://10.0.0.1"}
+          - {url: "http://10.0.0.2:8000/?v=1", weight: 0}
+          - {url: "https://", capacity: 0}
+timeouts: {connect: 0s}
+max_response_bytes: 0
+"#,
+        );
+        let expected = [
+            "models.m.pools[0].endpoints[0].url: \"ftp://10.0.0.1\" is not an http(s) URL",
+            "models.m.pools[0].endpoints[1].url: \"http://10.0.0.2:8000/?v=1\": a query string cannot be joined with /v1 paths",
+            "models.m.pools[0].endpoints[1].weight: must be at least 1",
+            "models.m.pools[0].endpoints[2].capacity: must be at least 1",
+            "max_response_bytes: must be at least 1",
+            "timeouts.connect: must be longer than 0s",
+        ];
+        for line in expected {
+            assert!(found.iter().any(|f| f == line), "{line}\nin {found:#?}");
+        }
+        assert!(
+            found
+                .iter()
+                .any(|f| f.starts_with("models.m.pools[0].endpoints[2].url:")),
+            "a URL without a host: {found:#?}"
+        );
+        assert!(
+            found.iter().any(|f| f.starts_with("models.m.fallbacks")),
+            "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_and_defaults_are_sound() {
+        let found = problems("models: {}\nupstream_tls: {ca_file: x}\n");
+        assert!(
+            found[0].contains("unknown field `upstream_tls`"),
+            "{found:?}"
+        );
+        let config = GatewayConfig::from_yaml(
+            "models:\n  m:\n    pools: [{name: a, endpoints: [{url: 'https://api.example.com/openai'}]}]\n",
+        )
+        .unwrap();
+        assert_eq!(config.timeouts.idle_connection.0, Duration::from_secs(4));
+        assert_eq!(config.max_response_bytes, 64 << 20);
+        assert!(config.tls.ca_file.is_none());
+    }
 }

@@ -31,6 +31,8 @@ pub enum Outcome {
     Stalled,
     /// The stream ended before its final chunk.
     Truncated,
+    /// A whole (non-streamed) answer larger than `max_response_bytes`.
+    TooLarge,
     /// The caller's fault (400, 404, 413, 422, content policy): not the endpoint's.
     CallerFault(u16),
     /// The prompt is longer than the model's context.
@@ -39,7 +41,7 @@ pub enum Outcome {
 
 /// Every outcome label, so that counters can start at zero: a series that exists before
 /// the first failure lets `rate()` see that failure on the very next scrape.
-pub const LABELS: [&str; 13] = [
+pub const LABELS: [&str; 14] = [
     "success",
     "local_rate_limited",
     "rate_limited",
@@ -51,6 +53,7 @@ pub const LABELS: [&str; 13] = [
     "first_token_timeout",
     "stalled",
     "truncated",
+    "too_large",
     "caller_fault",
     "context_too_long",
 ];
@@ -86,6 +89,7 @@ impl Outcome {
             Outcome::FirstTokenTimeout => "first_token_timeout",
             Outcome::Stalled => "stalled",
             Outcome::Truncated => "truncated",
+            Outcome::TooLarge => "too_large",
             Outcome::CallerFault(_) => "caller_fault",
             Outcome::ContextTooLong => "context_too_long",
         }

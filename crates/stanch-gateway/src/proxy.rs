@@ -625,7 +625,9 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !ctx.stream || !is_stream {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        return match tokio::time::timeout(remaining, response.into_body().collect()).await {
+        let limit = gw.config.max_response_bytes;
+        let body = Limited::new(response.into_body(), limit);
+        return match tokio::time::timeout(remaining, body.collect()).await {
             Ok(Ok(collected)) => {
                 record(&ctx.gw, endpoint, &Outcome::Success, sent.elapsed());
                 drop(in_flight);
@@ -636,9 +638,15 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
                 );
                 Attempt::Answer(r)
             }
-            Ok(Err(_)) => {
-                record(&ctx.gw, endpoint, &Outcome::Truncated, sent.elapsed());
-                Attempt::Failed(Outcome::Truncated)
+            Ok(Err(e)) => {
+                let outcome = if e.is::<LengthLimitError>() {
+                    warn!(endpoint = %endpoint.url, limit, "an answer larger than max_response_bytes");
+                    Outcome::TooLarge
+                } else {
+                    Outcome::Truncated
+                };
+                record(&ctx.gw, endpoint, &outcome, sent.elapsed());
+                Attempt::Failed(outcome)
             }
             Err(_) => {
                 record(&ctx.gw, endpoint, &Outcome::Stalled, sent.elapsed());

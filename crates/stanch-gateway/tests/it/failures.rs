@@ -574,3 +574,29 @@ async fn streams_pass_through_as_tokens_arrive() {
         "passed on as they came, not gathered: {pieces:?}"
     );
 }
+
+#[tokio::test]
+async fn a_whole_answer_over_the_size_limit_is_a_failed_attempt() {
+    let a = Upstream::start("qwen-72b", "a").await;
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    faq: default\n    pools:\n      - name: dc-a\n        endpoints: [{{url: '{{a}}'}}]\n{POLICY}max_response_bytes: 64\n"
+    );
+    let gw = gateway(&yaml, &[("a", &a)]).await;
+    let r = gw.chat("qwen-72b", false).await;
+    assert_eq!(r.status(), 200, "the caller still gets an answer");
+    assert_eq!(r.headers()["x-llm-degraded"], "static", "from the FAQ");
+    let metrics = gw.metrics().await;
+    assert!(
+        sample(
+            &metrics,
+            "stanch_gateway_upstream_attempts_total",
+            &[("outcome", "too_large")]
+        ) >= 1.0,
+        "{metrics}"
+    );
+    // A stream is never held whole, so the limit is not for it.
+    let r = gw.chat("qwen-72b", true).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-llm-degraded").is_none());
+    assert!(r.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+}

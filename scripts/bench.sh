@@ -15,5 +15,8 @@ fi
 cargo build --release -p stanch -p stanch-gateway -p stanch-mock -p stanch-bench
 target/release/stanch-bench controller --stanch target/release/stanch --fanout-rounds 100
 target/release/stanch-bench gateway --gateway-threads 1
+target/release/stanch-bench gateway --gateway-threads 1 --stream
 scripts/bench-instructions.sh
 scripts/bench-instructions.sh bare
+STREAM=1 scripts/bench-instructions.sh
+STREAM=1 scripts/bench-instructions.sh bare

@@ -171,7 +171,11 @@ impl Pool {
         Ok(Pool {
             shared: Arc::new(Shared {
                 target: Target {
-                    authority: format!("{host}:{port}"),
+                    authority: if host.contains(':') {
+                        format!("[{host}]:{port}")
+                    } else {
+                        format!("{host}:{port}")
+                    },
                     host,
                     port,
                     tls_name,

@@ -223,6 +223,16 @@ impl Gateway {
                     outcome,
                 });
             }
+            e.conns.count_opened_in(
+                metrics
+                    .connections_opened
+                    .get_or_create(&EndpointLabels {
+                        endpoint: e.url.clone(),
+                        model: e.model.clone(),
+                        pool: e.pool.clone(),
+                    })
+                    .clone(),
+            );
             let _ = e.hot.set(endpoints::HotCounters {
                 requests_ok,
                 attempts_ok,
@@ -422,6 +432,10 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             .endpoint_blocked_locally
             .get_or_create(&labels)
             .set(i64::from(locally));
+        gw.metrics
+            .connections_idle
+            .get_or_create(&labels)
+            .set(i64::try_from(e.conns.idle_count()).unwrap_or(i64::MAX));
     }
     let mut r = gw.metrics.encode().into_response();
     r.headers_mut().insert(

@@ -110,6 +110,11 @@ pub struct Metrics {
     /// 1 while this gateway's own passive blocking holds an endpoint: evidence the
     /// controller does not have (it knows its own blocks).
     pub endpoint_blocked_locally: Family<EndpointLabels, Gauge>,
+    /// Connections opened to an endpoint: about one per request means keep-alive is not
+    /// working (an upstream closing after each answer, or an idle limit too short).
+    pub connections_opened: Family<EndpointLabels, Counter>,
+    /// Keep-alive connections to an endpoint held idle for reuse.
+    pub connections_idle: Family<EndpointLabels, Gauge>,
     /// Times every candidate was blocked and one was used anyway.
     pub all_blocked: Counter,
     /// Malformed stream chunks dropped.
@@ -148,6 +153,8 @@ impl Metrics {
             blocks: Family::default(),
             endpoint_blocked: Family::default(),
             endpoint_blocked_locally: Family::default(),
+            connections_opened: Family::default(),
+            connections_idle: Family::default(),
             all_blocked: Counter::default(),
             malformed_chunks: Counter::default(),
             budget_exhausted: Counter::default(),
@@ -210,6 +217,16 @@ impl Metrics {
             "endpoint_blocked_locally",
             "1 while this gateway's passive blocking holds the endpoint",
             m.endpoint_blocked_locally.clone(),
+        );
+        registry.register(
+            "upstream_connections_opened",
+            "Connections opened to the endpoint",
+            m.connections_opened.clone(),
+        );
+        registry.register(
+            "upstream_connections_idle",
+            "Keep-alive connections to the endpoint held for reuse",
+            m.connections_idle.clone(),
         );
         registry.register(
             "all_candidates_blocked",

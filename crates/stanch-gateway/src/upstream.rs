@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -127,6 +128,8 @@ pub(crate) struct Pool {
 struct Shared {
     target: Target,
     connector: Connector,
+    /// Counts the connections made, once the gateway's metrics exist.
+    opened: OnceLock<Counter>,
     /// Oldest at the front, newest at the back; reuse takes the newest.
     idle: Mutex<VecDeque<Idle>>,
 }
@@ -181,9 +184,15 @@ impl Pool {
                     tls_name,
                 },
                 connector,
+                opened: OnceLock::new(),
                 idle: Mutex::new(VecDeque::new()),
             }),
         })
+    }
+
+    /// Counts the connections it opens in `counter` from now on.
+    pub fn count_opened_in(&self, counter: Counter) {
+        let _ = self.shared.opened.set(counter);
     }
 
     /// Idle connections held now.
@@ -314,6 +323,9 @@ impl Shared {
         tokio::spawn(async move {
             let _ = conn.await;
         });
+        if let Some(opened) = self.opened.get() {
+            opened.inc();
+        }
         Ok(send)
     }
 }

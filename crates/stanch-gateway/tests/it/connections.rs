@@ -62,6 +62,19 @@ async fn connections_are_kept_alive_and_reused() {
         (2..=17).contains(&connections),
         "16 concurrent requests at most open 16 more, and the second burst reuses them: {connections}"
     );
+    // What the gateway says of it.
+    let metrics = gw.metrics().await;
+    let opened = sample(
+        &metrics,
+        "stanch_gateway_upstream_connections_opened_total",
+        &[],
+    );
+    assert_eq!(opened, connections as f64, "{metrics}");
+    let idle = sample(&metrics, "stanch_gateway_upstream_connections_idle", &[]);
+    assert_eq!(
+        idle, connections as f64,
+        "every connection is idle between bursts"
+    );
 }
 
 #[tokio::test]

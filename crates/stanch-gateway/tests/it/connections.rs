@@ -36,6 +36,18 @@ async fn answered(gw: &Setup, stream: bool) -> String {
     r.text().await.unwrap()
 }
 
+/// Waits until the gateway holds `n` idle upstream connections; panics after 2 s.
+async fn idle_soon(gw: &Setup, n: f64) {
+    for _ in 0..200 {
+        let metrics = gw.metrics().await;
+        if sample(&metrics, "stanch_gateway_upstream_connections_idle", &[]) == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never {n} idle upstream connections");
+}
+
 #[tokio::test]
 async fn connections_are_kept_alive_and_reused() {
     let a = Upstream::start("qwen-72b", "a").await;
@@ -44,6 +56,9 @@ async fn connections_are_kept_alive_and_reused() {
         answered(&gw, false).await;
         let text = answered(&gw, true).await;
         assert!(text.contains("[DONE]"), "{text}");
+        // A stream's connection goes back once the upstream's end is read, just after
+        // the caller's stream ended.
+        idle_soon(&gw, 1.0).await;
     }
     assert_eq!(a.requests(), 20);
     assert_eq!(

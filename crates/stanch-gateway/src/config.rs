@@ -649,6 +649,25 @@ max_response_bytes: 0
     }
 
     #[test]
+    fn the_documented_example_is_valid() {
+        let doc = include_str!("../../../docs/gateway.md");
+        let section = &doc[doc
+            .find("## Configuration")
+            .expect("a configuration section")..];
+        let example = section
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("a YAML example");
+        let config = GatewayConfig::from_yaml(example).unwrap_or_else(|e| panic!("{e}"));
+        assert!(config.models.contains_key("qwen-72b"));
+        assert_eq!(
+            config.tls.ca_file.as_deref(),
+            Some("/etc/gw/internal-ca.pem")
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_refused_and_defaults_are_sound() {
         let found = problems("models: {}\nupstream_tls: {ca_file: x}\n");
         assert!(

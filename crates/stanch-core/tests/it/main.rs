@@ -1,5 +1,6 @@
 //! Integration tests of the engine: scenarios, properties, and the purity guard.
 
+mod docs;
 mod harness;
 mod properties;
 mod purity;

@@ -580,8 +580,9 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             return Attempt::Failed(Outcome::NoHeaders);
         }
         Ok(Err(e)) => {
-            // A TLS failure is a configuration problem (trust, name) more than an outage.
-            if matches!(e, SendError::Tls(..)) {
+            // A TLS failure is a configuration problem (trust, name) more than an outage:
+            // worth a warning, but not one per request.
+            if matches!(e, SendError::Tls(..)) && endpoint.conns.tls_warning_due() {
                 warn!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
             } else {
                 debug!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");

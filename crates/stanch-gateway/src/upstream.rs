@@ -34,6 +34,8 @@ use tokio_rustls::TlsConnector;
 
 /// Idle connections kept per endpoint at most; a burst beyond this opens and closes.
 const MAX_IDLE: usize = 256;
+/// The least time between two warnings about an endpoint's TLS failures.
+const TLS_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// What an upstream request sends.
 pub(crate) type RequestBody = Full<Bytes>;
@@ -130,6 +132,9 @@ struct Shared {
     connector: Connector,
     /// Counts the connections made, once the gateway's metrics exist.
     opened: OnceLock<Counter>,
+    /// When a TLS failure was last logged as a warning (at most one a minute: a
+    /// misconfigured CA fails every request).
+    tls_warned: Mutex<Option<Instant>>,
     /// Oldest at the front, newest at the back; reuse takes the newest.
     idle: Mutex<VecDeque<Idle>>,
 }
@@ -185,6 +190,7 @@ impl Pool {
                 },
                 connector,
                 opened: OnceLock::new(),
+                tls_warned: Mutex::new(None),
                 idle: Mutex::new(VecDeque::new()),
             }),
         })
@@ -193,6 +199,18 @@ impl Pool {
     /// Counts the connections it opens in `counter` from now on.
     pub fn count_opened_in(&self, counter: Counter) {
         let _ = self.shared.opened.set(counter);
+    }
+
+    /// Whether a TLS failure should be logged as a warning now: the first, then one a
+    /// minute, so that a trust problem is seen without flooding the log.
+    pub fn tls_warning_due(&self) -> bool {
+        let now = Instant::now();
+        let mut last = self.shared.tls_warned.lock().expect("pool lock");
+        let due = last.is_none_or(|at| now.duration_since(at) >= TLS_WARNING_EVERY);
+        if due {
+            *last = Some(now);
+        }
+        due
     }
 
     /// Idle connections held now.
@@ -404,6 +422,15 @@ mod tests {
         let p = pool("https://api.example.com", tls).unwrap();
         assert_eq!(p.shared.target.authority, "api.example.com:443");
         assert!(p.shared.target.tls_name.is_some());
+    }
+
+    #[test]
+    fn tls_failures_warn_once_a_minute() {
+        let pool = Pool::new(&"http://10.0.0.7".parse().unwrap(), Connector::plain()).unwrap();
+        assert!(pool.tls_warning_due(), "the first");
+        assert!(!pool.tls_warning_due(), "not the next");
+        *pool.shared.tls_warned.lock().unwrap() = Some(Instant::now() - TLS_WARNING_EVERY);
+        assert!(pool.tls_warning_due(), "a minute later");
     }
 
     #[test]

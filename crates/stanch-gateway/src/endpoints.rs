@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use hyper::header::{self, HeaderValue};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use stanch_api::Timestamp;
 use stanch_api::hash::Fnv64;
 use tokio::time::Instant;
 
 use crate::config::BlockingPolicy;
 use crate::outcome::Outcome;
-use crate::upstream::{Connector, Pool};
+use crate::upstream::{self, Connector, Pool};
 
 /// EWMA smoothing factor.
 const ALPHA: f64 = 0.3;
@@ -46,8 +46,6 @@ pub struct Endpoint {
     pub alone: bool,
     /// Its paths for chat, completions and embeddings (origin form), parsed once.
     pub(crate) paths: [hyper::Uri; 3],
-    /// Its `Host` header, made once rather than formatted for every request.
-    host: HeaderValue,
     /// Its connections.
     pub(crate) conns: Pool,
     /// `Bearer <upstream API key>`, made once and marked sensitive (never logged).
@@ -155,37 +153,20 @@ impl Endpoint {
         alone: bool,
         connector: &Connector,
     ) -> Result<Endpoint, String> {
-        let base = url.trim_end_matches('/');
-        let parsed: hyper::Uri = base.parse().map_err(|e| format!("{url:?}: {e}"))?;
-        let authority = parsed
-            .authority()
-            .ok_or_else(|| format!("{url:?}: no host"))?;
-        let host =
-            HeaderValue::from_str(authority.as_str()).map_err(|e| format!("{url:?}: {e}"))?;
-        let prefix = parsed.path().trim_end_matches('/');
-        let path = |api: &str| {
-            format!("{prefix}{api}")
-                .parse::<hyper::Uri>()
-                .map_err(|e| format!("{url:?}: {e}"))
-        };
+        let conns = Pool::new(url, connector.clone())?;
         let paths = [
-            path("/v1/chat/completions")?,
-            path("/v1/completions")?,
-            path("/v1/embeddings")?,
+            conns.path("/v1/chat/completions")?,
+            conns.path("/v1/completions")?,
+            conns.path("/v1/embeddings")?,
         ];
-        let conns = Pool::new(&parsed, connector.clone())?;
-        // Gateway::new has checked that the key makes a valid header value.
-        let authorization = api_key.and_then(|key| {
-            let mut value =
-                HeaderValue::from_str(&format!("Bearer {}", key.expose_secret())).ok()?;
-            value.set_sensitive(true);
-            Some(value)
-        });
+        let authorization = api_key
+            .map(|key| upstream::bearer(&key))
+            .transpose()
+            .map_err(|why| format!("api key: {why}"))?;
         Ok(Endpoint {
             paths,
-            host,
             conns,
-            url: base.to_owned(),
+            url: url.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             pool: pool.to_owned(),
             weight,
@@ -207,7 +188,7 @@ impl Endpoint {
         *request.method_mut() = hyper::Method::POST;
         *request.uri_mut() = self.paths[api].clone();
         let headers = request.headers_mut();
-        headers.insert(header::HOST, self.host.clone());
+        headers.insert(header::HOST, self.conns.host().clone());
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -569,14 +550,27 @@ mod tests {
         assert_eq!(e.url, "http://10.0.0.7:8000");
         assert_eq!(e.paths[0], "/v1/chat/completions");
         assert_eq!(e.paths[2], "/v1/embeddings");
-        assert_eq!(e.host, "10.0.0.7:8000");
+        assert_eq!(e.conns.host(), "10.0.0.7:8000");
         let request = e.post(1, ());
         assert_eq!(request.uri(), "/v1/completions", "origin form");
         assert_eq!(request.headers()["host"], "10.0.0.7:8000");
         let prefixed = ep("http://llm.internal/openai/", false);
         assert_eq!(prefixed.paths[0], "/openai/v1/chat/completions");
-        assert_eq!(prefixed.host, "llm.internal");
+        assert_eq!(prefixed.conns.host(), "llm.internal");
         assert!(ep_result("ftp//nohost").is_err());
+        let unsendable = Endpoint::new(
+            "http://10.0.0.7:8000",
+            "m",
+            "p",
+            1,
+            10,
+            None,
+            Some(SecretString::from("sk-\nline")),
+            false,
+            &Connector::plain(),
+        );
+        let why = unsendable.expect_err("a key a header cannot carry stops the start");
+        assert!(why.starts_with("api key:"), "{why}");
         assert!(request.headers().get("authorization").is_none());
 
         let keyed = Endpoint::new(

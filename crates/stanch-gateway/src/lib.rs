@@ -30,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use stanch_api::clock::Clock;
 use stanch_api::{RouteTable, Rung};
 use tokio::net::TcpListener;
@@ -131,14 +131,6 @@ impl Gateway {
                     let what = || format!("models.{name}.pools.{}.endpoints[{j}]", pool.name);
                     let key = secret(e.api_key_env.as_ref(), e.api_key_file.as_ref(), None)
                         .map_err(|why| StartError::Secret { what: what(), why })?;
-                    if key.as_ref().is_some_and(|k| {
-                        axum::http::HeaderValue::from_str(k.expose_secret()).is_err()
-                    }) {
-                        return Err(StartError::Secret {
-                            what: what(),
-                            why: "the API key has characters an HTTP header cannot carry".into(),
-                        });
-                    }
                     let upstream = e
                         .upstream_model
                         .clone()
@@ -519,39 +511,19 @@ pub async fn report_loop(
     gateway_id: String,
     interval: Duration,
 ) {
-    use secrecy::ExposeSecret;
     use stanch_api::reports::{EndpointReport, ReportBatch};
-    let target: Result<hyper::Uri, String> = url
-        .trim_end_matches('/')
-        .parse::<hyper::Uri>()
-        .map_err(|e| e.to_string());
-    let pool = target.and_then(|uri| {
-        let host = uri
-            .authority()
-            .and_then(|a| header::HeaderValue::from_str(a.as_str()).ok())
-            .ok_or_else(|| "no host".to_owned())?;
-        let path: hyper::Uri = format!("{}/v1/reports", uri.path().trim_end_matches('/'))
-            .parse()
-            .map_err(|e: axum::http::uri::InvalidUri| e.to_string())?;
-        Ok((
-            upstream::Pool::new(&uri, gateway.connector.clone())?,
-            host,
-            path,
-        ))
+    let controller = upstream::Pool::new(&url, gateway.connector.clone()).and_then(|pool| {
+        let path = pool.path("/v1/reports")?;
+        let authorization = token.as_ref().map(upstream::bearer).transpose()?;
+        Ok((pool, path, authorization))
     });
-    let (http, host, path) = match pool {
-        Ok(p) => p,
+    let (http, path, authorization) = match controller {
+        Ok(c) => c,
         Err(why) => {
-            tracing::error!(%url, %why, "cannot report outcomes to this controller URL");
+            tracing::error!(%url, %why, "cannot report outcomes to this controller");
             return;
         }
     };
-    let authorization = token.and_then(|t| {
-        let mut value =
-            header::HeaderValue::from_str(&format!("Bearer {}", t.expose_secret())).ok()?;
-        value.set_sensitive(true);
-        Some(value)
-    });
     let endpoints: Vec<Arc<Endpoint>> = gateway.endpoints().cloned().collect();
     let mut last: Vec<(u64, u64)> = endpoints
         .iter()
@@ -585,7 +557,7 @@ pub async fn report_loop(
         };
         let body = serde_json::to_vec(&batch).expect("reports serialize");
         let mut request = hyper::Request::post(path.clone())
-            .header(header::HOST, host.clone())
+            .header(header::HOST, http.host().clone())
             .header(header::CONTENT_TYPE, "application/json");
         if let Some(a) = &authorization {
             request = request.header(header::AUTHORIZATION, a.clone());

@@ -24,10 +24,12 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::HeaderValue;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use rustls::pki_types::ServerName;
+use secrecy::{ExposeSecret, SecretString};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
@@ -90,6 +92,14 @@ impl Connector {
     }
 }
 
+/// `Authorization: Bearer <key>`, marked sensitive so that it is never logged.
+pub(crate) fn bearer(key: &SecretString) -> Result<HeaderValue, String> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose_secret()))
+        .map_err(|_| "the key has characters an HTTP header cannot carry".to_owned())?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 /// Builds the TLS client side: the Mozilla roots, plus a private CA's when given.
 pub(crate) fn tls_connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
     let mut roots = rustls::RootCertStore::empty();
@@ -125,6 +135,10 @@ struct Target {
 /// One endpoint's connections.
 pub(crate) struct Pool {
     shared: Arc<Shared>,
+    /// The `Host` header of its requests, made once.
+    host: HeaderValue,
+    /// The base URL's path, which every request path follows (`/openai`, or empty).
+    prefix: String,
 }
 
 struct Shared {
@@ -154,9 +168,18 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// A pool for the endpoint at `uri` (scheme and authority are read). Fails when the
-    /// URI has no host, or is `https` with no TLS configured.
-    pub fn new(uri: &hyper::Uri, connector: Connector) -> Result<Pool, String> {
+    /// A pool for the base URL `url` (`http(s)://host[:port][/path]`). Fails when it
+    /// is not one, or is `https` with no TLS configured.
+    pub fn new(url: &str, connector: Connector) -> Result<Pool, String> {
+        let uri: hyper::Uri = url
+            .trim_end_matches('/')
+            .parse()
+            .map_err(|e| format!("{url:?}: {e}"))?;
+        let host_header = uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .ok_or_else(|| format!("{url:?}: no host"))?;
+        let prefix = uri.path().trim_end_matches('/').to_owned();
         let https = uri.scheme_str() == Some("https");
         let host = uri
             .host()
@@ -177,6 +200,8 @@ impl Pool {
             None
         };
         Ok(Pool {
+            host: host_header,
+            prefix,
             shared: Arc::new(Shared {
                 target: Target {
                     authority: if host.contains(':') {
@@ -194,6 +219,18 @@ impl Pool {
                 idle: Mutex::new(VecDeque::new()),
             }),
         })
+    }
+
+    /// The `Host` header its requests carry.
+    pub fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
+    /// The origin-form URI of `path` (`/v1/...`) under the base URL's own path.
+    pub fn path(&self, path: &str) -> Result<hyper::Uri, String> {
+        format!("{}{path}", self.prefix)
+            .parse()
+            .map_err(|e| format!("{}{path}: {e}", self.prefix))
     }
 
     /// Counts the connections it opens in `counter` from now on.
@@ -405,7 +442,7 @@ mod tests {
 
     #[test]
     fn targets_default_ports_and_strip_ipv6_brackets() {
-        let pool = |uri: &str, c: Connector| Pool::new(&uri.parse().unwrap(), c);
+        let pool = |uri: &str, c: Connector| Pool::new(uri, c);
         let p = pool("http://10.0.0.7/v1", Connector::plain()).unwrap();
         assert_eq!(p.shared.target.authority, "10.0.0.7:80");
         let p = pool("http://[::1]:8000", Connector::plain()).unwrap();
@@ -426,7 +463,7 @@ mod tests {
 
     #[test]
     fn tls_failures_warn_once_a_minute() {
-        let pool = Pool::new(&"http://10.0.0.7".parse().unwrap(), Connector::plain()).unwrap();
+        let pool = Pool::new("http://10.0.0.7", Connector::plain()).unwrap();
         assert!(pool.tls_warning_due(), "the first");
         assert!(!pool.tls_warning_due(), "not the next");
         *pool.shared.tls_warned.lock().unwrap() = Some(Instant::now() - TLS_WARNING_EVERY);

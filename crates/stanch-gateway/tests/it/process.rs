@@ -38,27 +38,7 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint(
     .unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let mut gateway = Killed(
-        Command::new(env!("CARGO_BIN_EXE_stanch-gateway"))
-            .arg("--config")
-            .arg(&config)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--worker-threads", "3"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut up_yet = false;
-    for _ in 0..100 {
-        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
-            up_yet = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up_yet, "the gateway listens");
+    let mut gateway = started(&config, port, "3").await;
 
     // Each request on a connection of its own, served by whichever worker thread.
     let body = serde_json::json!({"model": "qwen-72b", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
@@ -97,28 +77,36 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint(
     stops_cleanly_on(&mut gateway, "-TERM").await;
 
     // And so does SIGINT.
-    let mut again = Killed(
+    let mut again = started(&config, port, "0").await;
+    stops_cleanly_on(&mut again, "-INT").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The gateway binary for `config` on `port` with `threads` worker threads (0: one a
+/// core), once it answers `/healthz`.
+async fn started(config: &std::path::Path, port: u16, threads: &str) -> Killed {
+    let gateway = Killed(
         Command::new(env!("CARGO_BIN_EXE_stanch-gateway"))
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--worker-threads", threads])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let mut listening = false;
     for _ in 0..100 {
-        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
-            listening = true;
-            break;
+        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_ok()
+        {
+            return gateway;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(listening, "the gateway listens again");
-    stops_cleanly_on(&mut again, "-INT").await;
-    let _ = std::fs::remove_dir_all(&dir);
+    panic!("the gateway does not listen on {port}");
 }
 
 async fn stops_cleanly_on(gateway: &mut Killed, signal: &str) {

@@ -384,17 +384,20 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     mock.inner.lock().expect("mock lock").stats.connections += 1;
+    let service = TowerToHyperService::new(service);
+    let Some(keep_alive) = mock.config.keep_alive else {
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+        return;
+    };
+    // Only a mock that closes idle connections notes when each last moved bytes.
     let last_io = Arc::new(Mutex::new(tokio::time::Instant::now()));
     let io = TokioIo::new(Tracked {
         inner: stream,
         last_io: last_io.clone(),
     });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .serve_connection(io, TowerToHyperService::new(service));
-    let Some(keep_alive) = mock.config.keep_alive else {
-        let _ = conn.await;
-        return;
-    };
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
     tokio::pin!(conn);
     let mut tick = tokio::time::interval(keep_alive / 4);
     loop {

@@ -529,11 +529,32 @@ mod tests {
     use super::*;
 
     fn ep(url: &str, alone: bool) -> Endpoint {
-        Endpoint::new(url, "m", "p", 1, 10, None, None, alone, &Connector::plain()).unwrap()
+        Endpoint::new(
+            url,
+            "m",
+            "p",
+            1,
+            10,
+            None,
+            None,
+            alone,
+            &Connector::testing(),
+        )
+        .unwrap()
     }
 
     fn ep_result(url: &str) -> Result<Endpoint, String> {
-        Endpoint::new(url, "m", "p", 1, 10, None, None, false, &Connector::plain())
+        Endpoint::new(
+            url,
+            "m",
+            "p",
+            1,
+            10,
+            None,
+            None,
+            false,
+            &Connector::testing(),
+        )
     }
 
     fn policy() -> BlockingPolicy {
@@ -567,7 +588,7 @@ mod tests {
             None,
             Some(SecretString::from("sk-\nline")),
             false,
-            &Connector::plain(),
+            &Connector::testing(),
         );
         let why = unsendable.expect_err("a key a header cannot carry stops the start");
         assert!(why.starts_with("api key:"), "{why}");
@@ -582,7 +603,7 @@ mod tests {
             None,
             Some(SecretString::from("sk-test")),
             false,
-            &Connector::plain(),
+            &Connector::testing(),
         )
         .unwrap();
         let request = keyed.post(0, ());
@@ -901,7 +922,7 @@ mod tests {
             None,
             None,
             false,
-            &Connector::plain(),
+            &Connector::testing(),
         )
         .unwrap();
         let light = ep("http://light", false);

@@ -110,14 +110,12 @@ impl Gateway {
         clock: Arc<dyn Clock>,
     ) -> Result<Gateway, StartError> {
         let connector = upstream::Connector {
-            tls: Some(
-                upstream::tls_connector(config.tls.ca_file.as_deref().map(Path::new)).map_err(
-                    |why| StartError::Upstream {
-                        what: "tls.ca_file".into(),
-                        why,
-                    },
-                )?,
-            ),
+            tls: upstream::tls_connector(config.tls.ca_file.as_deref().map(Path::new)).map_err(
+                |why| StartError::Upstream {
+                    what: "tls.ca_file".into(),
+                    why,
+                },
+            )?,
             connect_timeout: config.timeouts.connect.0,
             idle_timeout: config.timeouts.idle_connection.0,
         };

@@ -1107,7 +1107,7 @@ mod tests {
             None,
             None,
             false,
-            &crate::upstream::Connector::plain(),
+            &crate::upstream::Connector::testing(),
         )
         .unwrap();
         let block = |endpoint: &str, model: Option<&str>, until: i64| BlockedEndpoint {

@@ -63,7 +63,7 @@ pub(crate) enum SendError {
 #[derive(Clone)]
 pub(crate) struct Connector {
     /// For `https` endpoints: the trusted roots, HTTP/1.1 by ALPN.
-    pub tls: Option<TlsConnector>,
+    pub tls: TlsConnector,
     /// Limit on TCP connect and, separately, on the TLS handshake.
     pub connect_timeout: Duration,
     /// Idle connections older than this are not reused.
@@ -73,7 +73,6 @@ pub(crate) struct Connector {
 impl std::fmt::Debug for Connector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connector")
-            .field("tls", &self.tls.is_some())
             .field("connect_timeout", &self.connect_timeout)
             .field("idle_timeout", &self.idle_timeout)
             .finish()
@@ -82,10 +81,10 @@ impl std::fmt::Debug for Connector {
 
 #[cfg(test)]
 impl Connector {
-    /// Plain HTTP only, with the default timeouts (tests).
-    pub fn plain() -> Connector {
+    /// The Mozilla roots and the default timeouts (tests).
+    pub fn testing() -> Connector {
         Connector {
-            tls: None,
+            tls: tls_connector(None).expect("the Mozilla roots make a TLS client"),
             connect_timeout: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(4),
         }
@@ -169,7 +168,7 @@ impl std::fmt::Debug for Pool {
 
 impl Pool {
     /// A pool for the base URL `url` (`http(s)://host[:port][/path]`). Fails when it
-    /// is not one, or is `https` with no TLS configured.
+    /// is not one.
     pub fn new(url: &str, connector: Connector) -> Result<Pool, String> {
         let uri: hyper::Uri = url
             .trim_end_matches('/')
@@ -189,9 +188,6 @@ impl Pool {
             .to_owned();
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
         let tls_name = if https {
-            if connector.tls.is_none() {
-                return Err(format!("{uri}: https, and no TLS client is configured"));
-            }
             Some(
                 ServerName::try_from(host.clone())
                     .map_err(|e| format!("{uri}: not a TLS server name: {e}"))?,
@@ -348,20 +344,21 @@ impl Shared {
         .map_err(|_| SendError::ConnectTimeout(target.authority.clone()))?
         .map_err(|e| SendError::Connect(target.authority.clone(), e))?;
         let _ = tcp.set_nodelay(true);
-        match (&self.connector.tls, &target.tls_name) {
-            (Some(tls), Some(name)) => {
-                let stream = tokio::time::timeout(limit, tls.connect(name.clone(), tcp))
-                    .await
-                    .map_err(|_| {
-                        SendError::Tls(
-                            target.authority.clone(),
-                            std::io::ErrorKind::TimedOut.into(),
-                        )
-                    })?
-                    .map_err(|e| SendError::Tls(target.authority.clone(), e))?;
+        match &target.tls_name {
+            Some(name) => {
+                let stream =
+                    tokio::time::timeout(limit, self.connector.tls.connect(name.clone(), tcp))
+                        .await
+                        .map_err(|_| {
+                            SendError::Tls(
+                                target.authority.clone(),
+                                std::io::ErrorKind::TimedOut.into(),
+                            )
+                        })?
+                        .map_err(|e| SendError::Tls(target.authority.clone(), e))?;
                 self.handshake(TokioIo::new(stream)).await
             }
-            _ => self.handshake(TokioIo::new(tcp)).await,
+            None => self.handshake(TokioIo::new(tcp)).await,
         }
     }
 
@@ -443,27 +440,21 @@ mod tests {
     #[test]
     fn targets_default_ports_and_strip_ipv6_brackets() {
         let pool = |uri: &str, c: Connector| Pool::new(uri, c);
-        let p = pool("http://10.0.0.7/v1", Connector::plain()).unwrap();
+        let p = pool("http://10.0.0.7/v1", Connector::testing()).unwrap();
         assert_eq!(p.shared.target.authority, "10.0.0.7:80");
-        let p = pool("http://[::1]:8000", Connector::plain()).unwrap();
+        let p = pool("http://[::1]:8000", Connector::testing()).unwrap();
         assert_eq!(
             (p.shared.target.host.as_str(), p.shared.target.port),
             ("::1", 8000)
         );
-        let err = pool("https://api.example.com", Connector::plain()).unwrap_err();
-        assert!(err.contains("no TLS client"), "{err}");
-        let tls = Connector {
-            tls: Some(tls_connector(None).unwrap()),
-            ..Connector::plain()
-        };
-        let p = pool("https://api.example.com", tls).unwrap();
+        let p = pool("https://api.example.com", Connector::testing()).unwrap();
         assert_eq!(p.shared.target.authority, "api.example.com:443");
         assert!(p.shared.target.tls_name.is_some());
     }
 
     #[test]
     fn tls_failures_warn_once_a_minute() {
-        let pool = Pool::new("http://10.0.0.7", Connector::plain()).unwrap();
+        let pool = Pool::new("http://10.0.0.7", Connector::testing()).unwrap();
         assert!(pool.tls_warning_due(), "the first");
         assert!(!pool.tls_warning_due(), "not the next");
         *pool.shared.tls_warned.lock().unwrap() = Some(Instant::now() - TLS_WARNING_EVERY);

@@ -7,7 +7,7 @@
 //! likely to be alive is used.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use hyper::header::{self, HeaderValue};
@@ -464,16 +464,26 @@ fn jitter(d: Duration, fraction: f64, url: &str, strikes: u32) -> Duration {
 
 pub use stanch_api::glob::matches as glob;
 
-static RANDOM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+std::thread_local! {
+    /// Each thread's generator, seeded at random: replicas and threads draw different
+    /// jitter, and no core waits for another's cache line to draw a number.
+    static RANDOM: std::cell::Cell<u64> = std::cell::Cell::new({
+        use std::hash::{BuildHasher, Hasher};
+        // Never zero, which xorshift would keep forever.
+        std::collections::hash_map::RandomState::new().build_hasher().finish() | 1
+    });
+}
 
 /// A fast, non-cryptographic random number (xorshift), for choices and jitter.
 pub fn next_random() -> u64 {
-    let mut x = RANDOM.load(Ordering::Relaxed);
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    RANDOM.store(x, Ordering::Relaxed);
-    x
+    RANDOM.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        x
+    })
 }
 
 /// Picks among `candidates` (not yet tried for this request); `table_blocked` gives the

@@ -452,11 +452,27 @@ pub async fn serve(
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Front {
-        rest: router(gateway.clone()),
-        gateway,
-    };
-    stanch_net::serve(listener, app, None, LIMITS, shutdown).await;
+    stanch_net::serve(listener, Front::new(gateway), None, LIMITS, shutdown).await;
+    Ok(())
+}
+
+/// As [`serve`], with every connection served whole by one of `workers`' threads:
+/// how the gateway uses several cores.
+pub async fn serve_on(
+    workers: &stanch_net::Workers,
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    stanch_net::serve_on(
+        workers,
+        listener,
+        Front::new(gateway),
+        None,
+        LIMITS,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 
@@ -468,6 +484,15 @@ pub async fn serve(
 struct Front {
     gateway: Arc<Gateway>,
     rest: Router,
+}
+
+impl Front {
+    fn new(gateway: Arc<Gateway>) -> Front {
+        Front {
+            rest: router(gateway.clone()),
+            gateway,
+        }
+    }
 }
 
 impl tower::Service<hyper::Request<hyper::body::Incoming>> for Front {

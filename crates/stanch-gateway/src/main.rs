@@ -27,7 +27,8 @@ struct Args {
     /// Validate the configuration and exit (64 with every problem, 0 when valid).
     #[arg(long)]
     check: bool,
-    /// Threads running the gateway (0: one per core).
+    /// Threads serving callers (0: one per core). Each serves its share of the
+    /// connections whole, with its own upstream connections.
     #[arg(long, env = "STANCH_GATEWAY_WORKER_THREADS", default_value_t = 0)]
     worker_threads: usize,
 }
@@ -63,26 +64,24 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let runtime = match args.worker_threads {
-        1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        0 => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
+    let threads = match args.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
     };
-    let runtime = match runtime {
+    // Callers are served on the workers; this thread accepts their connections and
+    // runs the background work: the controller's watch, reports, probes, signals.
+    let started = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .and_then(|runtime| Ok((runtime, stanch_net::Workers::start(threads, "stanch-gw")?)));
+    let (runtime, workers) = match started {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, args.listen)) {
+    match runtime.block_on(run(config, args.listen, &workers)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("stanch-gateway: {e:#}");
@@ -91,7 +90,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: GatewayConfig, listen: SocketAddr) -> anyhow::Result<()> {
+async fn run(
+    config: GatewayConfig,
+    listen: SocketAddr,
+    workers: &stanch_net::Workers,
+) -> anyhow::Result<()> {
     let routes = match &config.controller {
         Some(c) => {
             let id = c
@@ -144,8 +147,8 @@ async fn run(config: GatewayConfig, listen: SocketAddr) -> anyhow::Result<()> {
         ));
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, "stanch-gateway listening");
+    tracing::info!(%listen, workers = workers.len(), "stanch-gateway listening");
     let shutdown = stanch_net::shutdown_signal();
-    stanch_gateway::serve(listener, gateway, shutdown).await?;
+    stanch_gateway::serve_on(workers, listener, gateway, shutdown).await?;
     Ok(())
 }

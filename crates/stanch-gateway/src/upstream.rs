@@ -7,6 +7,11 @@
 //! end, and the newest idle one is reused first, so a burst's extra connections age
 //! out while the busy few stay warm.
 //!
+//! A connection is driven by a task on the runtime that opened it. On the gateway's
+//! worker threads (`stanch_net::Workers`), each worker therefore prefers the idle
+//! connections it opened itself, so that a request and its upstream connection run on
+//! one thread; another worker's idle connection is still better than a new one.
+//!
 //! Upstreams close idle keep-alive connections on their own schedule (uvicorn, hence
 //! vLLM, after 5 s). A request therefore never goes out on a connection that is closed
 //! or has been idle longer than `idle_timeout`, which should stay below the upstreams'
@@ -155,6 +160,14 @@ struct Shared {
 struct Idle {
     conn: SendRequest<RequestBody>,
     since: Instant,
+    /// The worker thread whose runtime drives it (`None`: not a worker's).
+    worker: Option<usize>,
+}
+
+/// A connection taken from the pool, or opened, for one exchange.
+struct Conn {
+    send: SendRequest<RequestBody>,
+    worker: Option<usize>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -261,13 +274,16 @@ impl Pool {
             // Ready at once unless its previous response ended a moment ago and the
             // connection has not yet turned around; it errs when it closed. One that
             // does not turn around within the connect timeout is dropped, not waited on.
-            if !conn.is_ready() {
+            if !conn.send.is_ready() {
                 let limit = self.shared.connector.connect_timeout;
-                if !matches!(tokio::time::timeout(limit, conn.ready()).await, Ok(Ok(()))) {
+                if !matches!(
+                    tokio::time::timeout(limit, conn.send.ready()).await,
+                    Ok(Ok(()))
+                ) {
                     continue;
                 }
             }
-            match conn.try_send_request(request).await {
+            match conn.send.try_send_request(request).await {
                 Ok(response) => return Ok(self.wrap(response, conn)),
                 Err(mut e) => match e.take_message() {
                     // Never written: the connection closed first. Not the upstream's fault.
@@ -277,13 +293,13 @@ impl Pool {
             }
         }
         let mut conn = self.shared.connect().await?;
-        match conn.try_send_request(request).await {
+        match conn.send.try_send_request(request).await {
             Ok(response) => Ok(self.wrap(response, conn)),
             Err(e) => Err(self.http_error(e.into_error())),
         }
     }
 
-    fn wrap(&self, response: Response<Incoming>, conn: SendRequest<RequestBody>) -> Response<Body> {
+    fn wrap(&self, response: Response<Incoming>, conn: Conn) -> Response<Body> {
         let shared = self.shared.clone();
         response.map(|inner| Body {
             inner,
@@ -297,43 +313,52 @@ impl Pool {
 }
 
 impl Shared {
-    /// The newest idle connection still worth using; older expired ones are dropped
-    /// (which closes them).
-    fn checkout(&self) -> Option<SendRequest<RequestBody>> {
-        let now = Instant::now();
+    /// The newest idle connection still worth using, this worker's own first.
+    fn checkout(&self) -> Option<Conn> {
+        let here = stanch_net::worker_index();
         let mut idle = self.idle.lock().expect("pool lock");
-        while let Some(entry) = idle.pop_back() {
-            if now.duration_since(entry.since) > self.connector.idle_timeout {
-                // Everything below it is older still.
-                idle.clear();
-                return None;
-            }
-            if !entry.conn.is_closed() {
-                return Some(entry.conn);
-            }
-        }
-        None
+        self.expire(&mut idle, Instant::now());
+        let open = |e: &Idle| !e.conn.is_closed();
+        let pick = idle
+            .iter()
+            .rposition(|e| e.worker == here && open(e))
+            .or_else(|| idle.iter().rposition(open))?;
+        idle.remove(pick).map(|e| Conn {
+            send: e.conn,
+            worker: e.worker,
+        })
     }
 
     /// Puts a connection whose response was read to the end back for reuse.
-    fn checkin(&self, conn: SendRequest<RequestBody>) {
-        if conn.is_closed() {
+    fn checkin(&self, conn: Conn) {
+        if conn.send.is_closed() {
             return;
         }
         let now = Instant::now();
         let mut idle = self.idle.lock().expect("pool lock");
+        self.expire(&mut idle, now);
+        if idle.len() < MAX_IDLE {
+            idle.push_back(Idle {
+                conn: conn.send,
+                since: now,
+                worker: conn.worker,
+            });
+        }
+    }
+
+    /// Drops (which closes) the connections idle for longer than the idle timeout:
+    /// the oldest are at the front. Closed ones left among the rest go when they
+    /// expire.
+    fn expire(&self, idle: &mut VecDeque<Idle>, now: Instant) {
         while idle
             .front()
             .is_some_and(|e| now.duration_since(e.since) > self.connector.idle_timeout)
         {
             idle.pop_front();
         }
-        if idle.len() < MAX_IDLE {
-            idle.push_back(Idle { conn, since: now });
-        }
     }
 
-    async fn connect(&self) -> Result<SendRequest<RequestBody>, SendError> {
+    async fn connect(&self) -> Result<Conn, SendError> {
         let target = &self.target;
         let limit = self.connector.connect_timeout;
         let tcp = tokio::time::timeout(
@@ -362,7 +387,7 @@ impl Shared {
         }
     }
 
-    async fn handshake<T>(&self, io: T) -> Result<SendRequest<RequestBody>, SendError>
+    async fn handshake<T>(&self, io: T) -> Result<Conn, SendError>
     where
         T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
@@ -378,7 +403,10 @@ impl Shared {
         if let Some(opened) = self.opened.get() {
             opened.inc();
         }
-        Ok(send)
+        Ok(Conn {
+            send,
+            worker: stanch_net::worker_index(),
+        })
     }
 }
 
@@ -386,7 +414,7 @@ impl Shared {
 /// connection back for reuse; dropped before that, the connection closes.
 pub(crate) struct Body {
     inner: Incoming,
-    conn: Option<(SendRequest<RequestBody>, Arc<Shared>)>,
+    conn: Option<(Conn, Arc<Shared>)>,
 }
 
 impl Body {
@@ -450,6 +478,71 @@ mod tests {
         let p = pool("https://api.example.com", Connector::testing()).unwrap();
         assert_eq!(p.shared.target.authority, "api.example.com:443");
         assert!(p.shared.target.tls_name.is_some());
+    }
+
+    /// A chat request for `pool`'s upstream.
+    fn chat(pool: &Pool) -> Request<RequestBody> {
+        let body = r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}"#;
+        let mut request = Request::post(pool.path("/v1/chat/completions").unwrap())
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        request
+            .headers_mut()
+            .insert(hyper::header::HOST, pool.host().clone());
+        request
+    }
+
+    /// Sends `n` requests at once on `worker`; returns the workers whose connections
+    /// carried them, once every answer was read (and its connection given back).
+    async fn exchange(
+        workers: &stanch_net::Workers,
+        worker: usize,
+        pool: &Arc<Pool>,
+        n: usize,
+    ) -> Vec<Option<usize>> {
+        let pool = pool.clone();
+        workers
+            .spawn_on(worker, async move {
+                let sent = (0..n).map(|_| async {
+                    let response = pool.send(chat(&pool)).await.unwrap();
+                    let (_, mut body) = response.into_parts();
+                    let carrier = body.conn.as_ref().map(|(c, _)| c.worker).unwrap();
+                    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+                        frame.unwrap();
+                    }
+                    carrier
+                });
+                futures_util::future::join_all(sent).await
+            })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_worker_reuses_its_own_connections_first_and_another_s_before_a_new_one() {
+        let mock = stanch_mock::Mock::new(stanch_mock::MockConfig::new("m", "a"));
+        let base = stanch_mock::spawn(mock.clone()).await;
+        let pool = Arc::new(Pool::new(&base, Connector::testing()).unwrap());
+        let workers = stanch_net::Workers::start(2, "test-pool").unwrap();
+
+        // Worker 0 opens one; worker 1 has none of its own and takes it.
+        assert_eq!(exchange(&workers, 0, &pool, 1).await, [Some(0)]);
+        assert_eq!(exchange(&workers, 1, &pool, 1).await, [Some(0)]);
+        assert_eq!(mock.stats().connections, 1, "reused across workers");
+
+        // Two at once on worker 1: one reused, one opened by worker 1 itself.
+        let mut carriers = exchange(&workers, 1, &pool, 2).await;
+        carriers.sort();
+        assert_eq!(carriers, [Some(0), Some(1)]);
+        assert_eq!(mock.stats().connections, 2);
+
+        // From now on, each worker takes its own, whichever went back last.
+        for _ in 0..3 {
+            assert_eq!(exchange(&workers, 1, &pool, 1).await, [Some(1)]);
+            assert_eq!(exchange(&workers, 0, &pool, 1).await, [Some(0)]);
+        }
+        assert_eq!(mock.stats().connections, 2, "no more were opened");
+        assert_eq!(pool.idle_count(), 2);
     }
 
     #[test]

@@ -19,9 +19,24 @@ struct Upstream {
     idle: RefCell<Vec<SendRequest<Full<Bytes>>>>,
 }
 
-/// Serves until the process is killed, on one thread.
-pub fn run(listen: SocketAddr, upstreams: Vec<String>) -> anyhow::Result<()> {
+/// Serves until the process is killed, on `threads` threads that each accept on their
+/// own `SO_REUSEPORT` listener and keep their own upstream connections.
+pub fn run(listen: SocketAddr, upstreams: Vec<String>, threads: usize) -> anyhow::Result<()> {
     anyhow::ensure!(!upstreams.is_empty(), "at least one --upstream");
+    let workers: Vec<_> = (0..threads.max(1))
+        .map(|_| {
+            let upstreams = upstreams.clone();
+            std::thread::spawn(move || one_thread(listen, upstreams))
+        })
+        .collect();
+    for w in workers {
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a proxy thread panicked"))??;
+    }
+    Ok(())
+}
+
+fn one_thread(listen: SocketAddr, upstreams: Vec<String>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -36,7 +51,11 @@ pub fn run(listen: SocketAddr, upstreams: Vec<String>) -> anyhow::Result<()> {
     );
     let next = Rc::new(Cell::new(0usize));
     tokio::task::LocalSet::new().block_on(&runtime, async move {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_reuseport(true)?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(listen)?;
+        let listener = socket.listen(1024)?;
         loop {
             let (stream, _) = listener.accept().await?;
             stream.set_nodelay(true)?;

@@ -316,7 +316,7 @@ fn nginx_conf(dir: &Path, listen: u16, upstreams: &[String], stream: bool) -> St
         .collect();
     let d = dir.display();
     format!(
-        "worker_processes auto;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\nevents {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream mocks {{\n{servers}    keepalive 64;\n  }}\n  server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n      proxy_pass http://mocks;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout http_500 http_502 http_503 http_504;\n{buffering}    }}\n  }}\n}}\n"
+        "worker_processes auto;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\nevents {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream mocks {{\n{servers}    keepalive 64;\n    keepalive_requests 1000000;\n  }}\n  server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n      proxy_pass http://mocks;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout http_500 http_502 http_503 http_504;\n{buffering}    }}\n  }}\n}}\n"
     )
 }
 
@@ -376,9 +376,15 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let gateway_pid = gateway_proc.0.id();
     procs.push(gateway_proc);
     let bare_port = port()?;
+    // The bare proxy runs as many threads as the gateway.
+    let threads = match args.gateway_threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
     let bare_proc = Proc(
         Command::new(std::env::current_exe()?)
             .args(["bare-proxy", "--listen", &format!("127.0.0.1:{bare_port}")])
+            .args(["--threads", &threads.to_string()])
             .args(mocks.iter().flat_map(|m| ["--upstream", m.as_str()]))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

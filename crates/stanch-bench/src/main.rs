@@ -43,6 +43,9 @@ enum Bench {
         /// An upstream host:port (repeat for round robin).
         #[arg(long, required = true)]
         upstream: Vec<String>,
+        /// Threads, each with its own listener and upstream connections.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
 }
 
@@ -76,9 +79,13 @@ struct ControllerArgs {
 
 fn main() -> anyhow::Result<()> {
     let command = Cli::parse().command;
-    if let Bench::BareProxy { listen, upstream } = command {
-        // On a thread of its own, like the gateway it stands beside.
-        return bare::run(listen, upstream);
+    if let Bench::BareProxy {
+        listen,
+        upstream,
+        threads,
+    } = command
+    {
+        return bare::run(listen, upstream, threads);
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

@@ -16,7 +16,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request};
 use prometheus_client::metrics::counter::Counter;
@@ -94,7 +94,6 @@ pub(crate) fn table_block(table: &RouteTable, e: &Endpoint, now: Timestamp) -> O
         .min()
 }
 
-/// What one request carries through its attempts.
 /// The fields of a request body that routing reads; the rest is not parsed.
 #[derive(serde::Deserialize)]
 struct Peek {
@@ -103,6 +102,7 @@ struct Peek {
     stream: Option<bool>,
 }
 
+/// What one request carries through its attempts.
 struct Ctx {
     gw: Arc<Gateway>,
     api: Api,
@@ -201,16 +201,16 @@ async fn route(
     }
     let headers = parts.headers;
     let limit = gw.config.max_body_bytes;
-    let raw = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<LengthLimitError>() => {
+    let raw = match read_whole(body, limit).await {
+        Ok(raw) => raw,
+        Err(Unread::TooLarge) => {
             return Err(Rejected::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 format!("request bodies are limited to {limit} bytes"),
             ));
         }
-        Err(_) => {
+        Err(Unread::Broken(_)) => {
             return Err(Rejected::new(
                 StatusCode::BAD_REQUEST,
                 "body_unreadable",
@@ -264,7 +264,8 @@ async fn route(
     let wall = gw.clock.now();
     let table = gw.table();
     let version = table.as_ref().map_or(0, |t| t.version);
-    gw.budget.request(Instant::now());
+    let started = Instant::now();
+    gw.budget.request(started);
     let stream = api != Api::Embeddings && peek.stream.unwrap_or(false);
     let mut ctx = Ctx {
         gw: gw.clone(),
@@ -274,7 +275,7 @@ async fn route(
         raw,
         stream,
         version,
-        started: Instant::now(),
+        started,
         degraded: false,
         attempts: 0,
         tenant,
@@ -323,7 +324,11 @@ async fn route(
         let endpoints = &gw.models[m].pools[p].1;
         let mut in_pool = 0;
         while in_pool < policy.attempts_per_pool {
-            let now = Instant::now();
+            let now = if ctx.attempts == 0 {
+                started
+            } else {
+                Instant::now()
+            };
             if ctx.attempts >= policy.max_attempts || now >= deadline {
                 break 'targets;
             }
@@ -518,8 +523,21 @@ fn backoff(gw: &Gateway, attempts: u32) -> Duration {
     base.mul_f64(0.5 + 0.5 * unit)
 }
 
-/// Counts an attempt's outcome and feeds it to the endpoint's passive blocking.
-fn record(gw: &Gateway, endpoint: &Endpoint, outcome: &Outcome, latency: Duration) {
+/// Counts the outcome of an attempt sent at `sent`, ending now, and feeds it to the
+/// endpoint's passive blocking.
+fn record(gw: &Gateway, endpoint: &Endpoint, outcome: &Outcome, sent: Instant) {
+    let now = Instant::now();
+    record_at(gw, endpoint, outcome, now.duration_since(sent), now);
+}
+
+/// As [`record`], for an outcome known at `now` with the endpoint's latency given.
+fn record_at(
+    gw: &Gateway,
+    endpoint: &Endpoint,
+    outcome: &Outcome,
+    latency: Duration,
+    now: Instant,
+) {
     match (outcome, endpoint.hot.get()) {
         (Outcome::Success, Some(hot)) => {
             hot.attempts_ok.inc();
@@ -536,13 +554,8 @@ fn record(gw: &Gateway, endpoint: &Endpoint, outcome: &Outcome, latency: Duratio
                 .inc();
         }
     }
-    if let Some(block) = endpoint.record(
-        outcome,
-        latency,
-        &gw.config.blocking,
-        Instant::now(),
-        gw.clock.now(),
-    ) {
+    if let Some(block) = endpoint.record(outcome, latency, &gw.config.blocking, now, gw.clock.now())
+    {
         gw.metrics
             .blocks
             .get_or_create(&KindLabel {
@@ -568,15 +581,10 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
     let request = endpoint.post(ctx.api as usize, Full::new(payload));
     let in_flight = endpoint.start();
     let sent = Instant::now();
-    let first_byte = gw
-        .config
-        .timeouts
-        .first_byte
-        .0
-        .min(deadline.saturating_duration_since(sent));
-    let response = match tokio::time::timeout(first_byte, endpoint.conns.send(request)).await {
+    let first_byte = (sent + gw.config.timeouts.first_byte.0).min(deadline);
+    let response = match tokio::time::timeout_at(first_byte, endpoint.conns.send(request)).await {
         Err(_) => {
-            record(&ctx.gw, endpoint, &Outcome::NoHeaders, sent.elapsed());
+            record(&ctx.gw, endpoint, &Outcome::NoHeaders, sent);
             return Attempt::Failed(Outcome::NoHeaders);
         }
         Ok(Err(e)) => {
@@ -587,7 +595,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             } else {
                 debug!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
             }
-            record(&ctx.gw, endpoint, &Outcome::Connect, sent.elapsed());
+            record(&ctx.gw, endpoint, &Outcome::Connect, sent);
             return Attempt::Failed(Outcome::Connect);
         }
         Ok(Ok(r)) => r,
@@ -609,7 +617,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             .await
             .unwrap_or_default();
         let outcome = classify_status(status.as_u16(), wait, local, &bytes);
-        record(&ctx.gw, endpoint, &outcome, sent.elapsed());
+        record(&ctx.gw, endpoint, &outcome, sent);
         if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
             let mut r = Response::new(Body::from(bytes));
             *r.status_mut() = status;
@@ -625,14 +633,14 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !ctx.stream || !is_stream {
-        let remaining = deadline.saturating_duration_since(Instant::now());
         let limit = gw.config.max_response_bytes;
-        let body = Limited::new(response.into_body(), limit);
-        return match tokio::time::timeout(remaining, body.collect()).await {
-            Ok(Ok(collected)) => {
-                record(&ctx.gw, endpoint, &Outcome::Success, sent.elapsed());
+        return match tokio::time::timeout_at(deadline, read_whole(response.into_body(), limit))
+            .await
+        {
+            Ok(Ok(answer)) => {
+                record(&ctx.gw, endpoint, &Outcome::Success, sent);
                 drop(in_flight);
-                let mut r = Response::new(Body::from(collected.to_bytes()));
+                let mut r = Response::new(Body::from(answer));
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     content_type.unwrap_or(HeaderValue::from_static("application/json")),
@@ -640,22 +648,71 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
                 Attempt::Answer(r)
             }
             Ok(Err(e)) => {
-                let outcome = if e.is::<LengthLimitError>() {
-                    warn!(endpoint = %endpoint.url, limit, "an answer larger than max_response_bytes");
-                    Outcome::TooLarge
-                } else {
-                    Outcome::Truncated
+                let outcome = match e {
+                    Unread::TooLarge => {
+                        warn!(endpoint = %endpoint.url, limit, "an answer larger than max_response_bytes");
+                        Outcome::TooLarge
+                    }
+                    Unread::Broken(e) => {
+                        debug!(endpoint = %endpoint.url, error = %e, "the answer broke off");
+                        Outcome::Truncated
+                    }
                 };
-                record(&ctx.gw, endpoint, &outcome, sent.elapsed());
+                record(&ctx.gw, endpoint, &outcome, sent);
                 Attempt::Failed(outcome)
             }
             Err(_) => {
-                record(&ctx.gw, endpoint, &Outcome::Stalled, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Stalled, sent);
                 Attempt::Failed(Outcome::Stalled)
             }
         };
     }
     stream(ctx, endpoint, response.into_body(), sent, in_flight).await
+}
+
+/// Why a whole body could not be read.
+#[derive(Debug)]
+enum Unread<E> {
+    /// It is, or says it will be, longer than the limit.
+    TooLarge,
+    /// The connection failed or the body ended before its declared length.
+    Broken(E),
+}
+
+/// Reads a whole body of at most `limit` bytes. A body that arrives as one frame, as a
+/// small one does, is passed on as it came: no buffer list, no copy.
+async fn read_whole<B>(mut body: B, limit: usize) -> Result<Bytes, Unread<B::Error>>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Err(Unread::TooLarge);
+    }
+    let mut whole: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(Unread::Broken)?.into_data() else {
+            // Trailers: nothing a caller or the gateway uses.
+            continue;
+        };
+        let so_far =
+            whole.as_ref().map_or(0, Bytes::len) + joined.as_ref().map_or(0, BytesMut::len);
+        if so_far + data.len() > limit {
+            return Err(Unread::TooLarge);
+        }
+        match (&mut whole, &mut joined) {
+            (None, None) => whole = Some(data),
+            (Some(first), None) => {
+                let mut buf = BytesMut::with_capacity(first.len() + data.len());
+                buf.extend_from_slice(first);
+                buf.extend_from_slice(&data);
+                whole = None;
+                joined = Some(buf);
+            }
+            (_, Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+    Ok(joined.map_or_else(|| whole.unwrap_or_default(), BytesMut::freeze))
 }
 
 async fn read_limited(mut body: upstream::Body, within: Duration) -> Option<Bytes> {
@@ -702,20 +759,15 @@ async fn stream(
     let end = loop {
         let frame = match tokio::time::timeout_at(until, body.frame()).await {
             Err(_) => {
-                record(
-                    &ctx.gw,
-                    endpoint,
-                    &Outcome::FirstTokenTimeout,
-                    sent.elapsed(),
-                );
+                record(&ctx.gw, endpoint, &Outcome::FirstTokenTimeout, sent);
                 return Attempt::Failed(Outcome::FirstTokenTimeout);
             }
             Ok(None) => {
-                record(&ctx.gw, endpoint, &Outcome::Truncated, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Truncated, sent);
                 return Attempt::Failed(Outcome::Truncated);
             }
             Ok(Some(Err(_))) => {
-                record(&ctx.gw, endpoint, &Outcome::Connect, sent.elapsed());
+                record(&ctx.gw, endpoint, &Outcome::Connect, sent);
                 return Attempt::Failed(Outcome::Connect);
             }
             Ok(Some(Ok(frame))) => frame,
@@ -725,12 +777,7 @@ async fn stream(
         };
         match relay.take(&data, &malformed) {
             Some(End::Error) => {
-                record(
-                    &ctx.gw,
-                    endpoint,
-                    &Outcome::ServerError(200),
-                    sent.elapsed(),
-                );
+                record(&ctx.gw, endpoint, &Outcome::ServerError(200), sent);
                 return Attempt::Failed(Outcome::ServerError(200));
             }
             Some(End::Done) => break Some(Outcome::Success),
@@ -765,7 +812,8 @@ async fn stream(
         if outcome != Outcome::Success {
             pass(&tx, error_event(&outcome)).await;
         }
-        record(&gw, &endpoint, &outcome, ttft);
+        // A stream's latency, for choosing endpoints, is its time to first token.
+        record_at(&gw, &endpoint, &outcome, ttft, Instant::now());
         if let Some((latency, _)) = &histograms {
             latency.observe(started.elapsed().as_secs_f64());
         }
@@ -1062,8 +1110,58 @@ fn faq_answer(ctx: &Ctx, set: Option<&str>, outcome: &'static str) -> Response {
 mod tests {
     use stanch_api::{BlockedEndpoint, RouteTable, Timestamp};
 
-    use super::{End, Relay, table_block};
+    use bytes::Bytes;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    use super::{End, Relay, Unread, read_whole, table_block};
     use crate::endpoints::Endpoint;
+
+    /// A body of these frames (`None`: a trailers frame), then `end`.
+    fn body(
+        frames: Vec<Option<&'static str>>,
+        end: Option<&'static str>,
+    ) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, &'static str>> + Unpin>
+    {
+        let items = frames
+            .into_iter()
+            .map(|f| {
+                Ok(match f {
+                    Some(data) => Frame::data(Bytes::from_static(data.as_bytes())),
+                    None => Frame::trailers(Default::default()),
+                })
+            })
+            .chain(end.map(Err));
+        StreamBody::new(futures_util::stream::iter(items))
+    }
+
+    #[tokio::test]
+    async fn a_whole_body_is_read_within_its_limit() {
+        // One frame passes as it came, without a copy.
+        let one = Bytes::from_static(b"{\"model\":\"m\"}");
+        let frame = StreamBody::new(futures_util::stream::iter([Ok::<_, &str>(Frame::data(
+            one.clone(),
+        ))]));
+        let read = read_whole(frame, 64).await.unwrap();
+        assert_eq!(read.as_ptr(), one.as_ptr(), "not copied");
+
+        // Several are joined; trailers are skipped.
+        let read = read_whole(body(vec![Some("ab"), None, Some("cd"), Some("e")], None), 5)
+            .await
+            .unwrap();
+        assert_eq!(read, "abcde");
+        assert_eq!(read_whole(body(vec![], None), 5).await.unwrap(), "");
+
+        // One byte over, in whichever frame, is too large.
+        let over = read_whole(body(vec![Some("abc"), Some("def")], None), 5).await;
+        assert!(matches!(over, Err(Unread::TooLarge)), "{over:?}");
+        let over = read_whole(body(vec![Some("abcdef")], None), 5).await;
+        assert!(matches!(over, Err(Unread::TooLarge)), "{over:?}");
+
+        // A body that breaks off is an error, whatever came before.
+        let broken = read_whole(body(vec![Some("ab")], Some("reset")), 5).await;
+        assert!(matches!(broken, Err(Unread::Broken("reset"))), "{broken:?}");
+    }
 
     #[test]
     fn a_relay_holds_heartbeats_until_the_first_token_and_stops_at_the_end() {

@@ -292,7 +292,9 @@ impl Pool {
                 },
             }
         }
-        let mut conn = self.shared.connect().await?;
+        // Boxed: connecting (TLS included) is the rare path, and its state would
+        // otherwise make every request's future kilobytes larger to move.
+        let mut conn = Box::pin(self.shared.connect()).await?;
         match conn.send.try_send_request(request).await {
             Ok(response) => Ok(self.wrap(response, conn)),
             Err(e) => Err(self.http_error(e.into_error())),

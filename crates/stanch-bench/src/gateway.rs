@@ -41,6 +41,11 @@ pub struct GatewayArgs {
     /// with `proxy_buffering off`, as it must in front of an SSE upstream.
     #[arg(long)]
     stream: bool,
+    /// Rounds of every measure. Each round measures every proxy one after another, so
+    /// that a slow spell of the machine weighs on all of them; the summary gives the
+    /// median over rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 struct Proc(Child);
@@ -270,6 +275,30 @@ async fn load(
 }
 
 /// `through`'s latency minus `direct`'s at percentile `p`.
+/// One round's measures of one proxy.
+#[derive(Clone)]
+struct Round {
+    throughput: f64,
+    /// Seconds of CPU per request.
+    cpu: f64,
+    added_p50: Duration,
+    added_p99: Duration,
+}
+
+fn throughput(l: &Load) -> f64 {
+    l.latencies.len() as f64 / l.elapsed.as_secs_f64()
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 fn added(through: &Load, direct: &Load, p: f64) -> Duration {
     percentile(&through.latencies, p).saturating_sub(percentile(&direct.latencies, p))
 }
@@ -277,7 +306,7 @@ fn added(through: &Load, direct: &Load, p: f64) -> Duration {
 fn line(name: &str, l: &Load) -> String {
     format!(
         "{name:<16} {:>9.0} req/s   p50 {:>8}   p99 {:>8}   errors {}",
-        l.latencies.len() as f64 / l.elapsed.as_secs_f64(),
+        throughput(l),
         show(percentile(&l.latencies, 0.5)),
         show(percentile(&l.latencies, 0.99)),
         l.errors
@@ -450,57 +479,86 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     if let Some(p) = &nginx {
         proxies.push(("nginx", nginx_addr.clone(), (p.0).0.id()));
     }
-    let direct = load(&mocks, body, n, Pace::Saturate, warm, measure).await?;
-    println!("{}", line("direct to mocks", &direct));
-    let mut saturated = Vec::new();
-    for (name, addr, pid) in &proxies {
-        let cpu0 = cpu_seconds(*pid);
-        let l = load(
-            std::slice::from_ref(addr),
-            body,
-            n,
-            Pace::Saturate,
-            warm,
-            measure,
-        )
-        .await?;
-        // Warm-up requests used CPU too; they are not in `latencies`.
-        let requests =
-            l.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64());
-        let cpu = (cpu_seconds(*pid) - cpu0) / requests;
-        println!("{}   proxy CPU {:.1} µs/request", line(name, &l), cpu * 1e6);
-        saturated.push(l);
-    }
-    println!(
-        "at saturation, gateway added latency: p50 {}  p99 {}",
-        show(added(&saturated[0], &direct, 0.5)),
-        show(added(&saturated[0], &direct, 0.99))
-    );
-
-    // Added latency at a steady rate below saturation.
     let rate = args.paced_rate;
-    println!("paced: {rate:.0} req/s over the same {n} connections");
-    let direct = load(&mocks, body, n, Pace::Rate(rate), warm, measure).await?;
-    println!("{}", line("direct to mocks", &direct));
-    let mut paced = Vec::new();
-    for (name, addr, _) in &proxies {
-        let l = load(
-            std::slice::from_ref(addr),
-            body,
-            n,
-            Pace::Rate(rate),
-            warm,
-            measure,
-        )
-        .await?;
-        println!("{}", line(name, &l));
-        paced.push(l);
+    // Per proxy, per round: throughput, CPU per request, and paced added p50 and p99.
+    let mut results: Vec<Vec<Round>> = vec![Vec::new(); proxies.len()];
+    for round in 1..=args.rounds.max(1) {
+        println!("round {round}: saturation");
+        let direct = load(&mocks, body, n, Pace::Saturate, warm, measure).await?;
+        println!("{}", line("direct to mocks", &direct));
+        let mut saturated = Vec::new();
+        for (name, addr, pid) in &proxies {
+            let cpu0 = cpu_seconds(*pid);
+            let l = load(
+                std::slice::from_ref(addr),
+                body,
+                n,
+                Pace::Saturate,
+                warm,
+                measure,
+            )
+            .await?;
+            // Warm-up requests used CPU too; they are not in `latencies`.
+            let requests =
+                l.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64());
+            let cpu = (cpu_seconds(*pid) - cpu0) / requests;
+            println!("{}   proxy CPU {:.1} µs/request", line(name, &l), cpu * 1e6);
+            saturated.push((throughput(&l), cpu));
+        }
+
+        // Added latency at a steady rate below saturation.
+        println!("round {round}: paced, {rate:.0} req/s over the same {n} connections");
+        let direct = load(&mocks, body, n, Pace::Rate(rate), warm, measure).await?;
+        println!("{}", line("direct to mocks", &direct));
+        for (i, (name, addr, _)) in proxies.iter().enumerate() {
+            let l = load(
+                std::slice::from_ref(addr),
+                body,
+                n,
+                Pace::Rate(rate),
+                warm,
+                measure,
+            )
+            .await?;
+            let (p50, p99) = (added(&l, &direct, 0.5), added(&l, &direct, 0.99));
+            println!(
+                "{}   added p50 {}  p99 {}",
+                line(name, &l),
+                show(p50),
+                show(p99)
+            );
+            results[i].push(Round {
+                throughput: saturated[i].0,
+                cpu: saturated[i].1,
+                added_p50: p50,
+                added_p99: p99,
+            });
+        }
     }
-    for ((name, _, _), l) in proxies.iter().zip(&paced) {
+    println!("median of {} round(s):", args.rounds.max(1));
+    let nginx_rounds = nginx.as_ref().map(|_| &results[proxies.len() - 1]);
+    for ((name, _, _), rounds) in proxies.iter().zip(&results) {
+        // Each round's throughput against nginx's in the same round.
+        let against_nginx = nginx_rounds
+            .map(|ng| {
+                let ratios = rounds
+                    .iter()
+                    .zip(ng)
+                    .map(|(r, n)| r.throughput / n.throughput)
+                    .collect();
+                format!("   {:.0} % of nginx", median(ratios) * 100.0)
+            })
+            .unwrap_or_default();
         println!(
-            "paced, {name} added latency: p50 {}  p99 {}",
-            show(added(l, &direct, 0.5)),
-            show(added(l, &direct, 0.99))
+            "{name:<16} {:>9.0} req/s{against_nginx}   proxy CPU {:.1} µs/request   paced added p50 {}  p99 {}",
+            median(rounds.iter().map(|r| r.throughput).collect()),
+            median(rounds.iter().map(|r| r.cpu * 1e6).collect()),
+            show(Duration::from_secs_f64(median(
+                rounds.iter().map(|r| r.added_p50.as_secs_f64()).collect()
+            ))),
+            show(Duration::from_secs_f64(median(
+                rounds.iter().map(|r| r.added_p99.as_secs_f64()).collect()
+            ))),
         );
     }
 
@@ -538,4 +596,15 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     drop(nginx);
     drop(procs);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(super::median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(super::median(vec![7.0]), 7.0);
+        assert_eq!(super::median(vec![]), 0.0);
+    }
 }

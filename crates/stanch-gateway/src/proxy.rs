@@ -775,7 +775,7 @@ async fn stream(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        match relay.take(&data, &malformed) {
+        match relay.take(data, &malformed) {
             Some(End::Error) => {
                 record(&ctx.gw, endpoint, &Outcome::ServerError(200), sent);
                 return Attempt::Failed(Outcome::ServerError(200));
@@ -851,6 +851,8 @@ struct Relay {
     started: bool,
     /// A chunk with a `finish_reason` has passed: the answer is complete.
     last: bool,
+    /// The events of the frame being taken (kept to reuse its allocation).
+    events: Vec<Event>,
 }
 
 /// How the events of a stream said it ended.
@@ -864,8 +866,12 @@ enum End {
 impl Relay {
     /// Takes the bytes of one upstream frame: what is for the caller goes to `out`.
     /// Returns how the answer ended, if it did; nothing after its end is taken.
-    fn take(&mut self, data: &[u8], malformed: &Counter) -> Option<End> {
-        for event in self.parser.push(data) {
+    fn take(&mut self, data: Bytes, malformed: &Counter) -> Option<End> {
+        // The events' vector is the relay's, reused from frame to frame.
+        let mut events = std::mem::take(&mut self.events);
+        self.parser.push(data, &mut events);
+        let mut end = None;
+        for event in events.drain(..) {
             match event {
                 Event::Chunk { raw, last } => {
                     self.started = true;
@@ -875,15 +881,20 @@ impl Relay {
                 Event::Other(raw) => self.out.extend_from_slice(&raw),
                 Event::Done => {
                     self.out.extend_from_slice(DONE);
-                    return Some(End::Done);
+                    end = Some(End::Done);
+                    break;
                 }
-                Event::Error(_) => return Some(End::Error),
+                Event::Error(_) => {
+                    end = Some(End::Error);
+                    break;
+                }
                 Event::Malformed => {
                     malformed.inc();
                 }
             }
         }
-        None
+        self.events = events;
+        end
     }
 
     /// Passes the stream on until it ends, and says how; `None` when the caller has
@@ -935,7 +946,7 @@ impl Relay {
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
-                    match self.take(&data, malformed) {
+                    match self.take(data, malformed) {
                         Some(End::Done) => return Some(Outcome::Success),
                         Some(End::Error) => return Some(Outcome::ServerError(200)),
                         None => {}
@@ -1167,16 +1178,24 @@ mod tests {
     fn a_relay_holds_heartbeats_until_the_first_token_and_stops_at_the_end() {
         let malformed = prometheus_client::metrics::counter::Counter::default();
         let mut relay = Relay::default();
-        assert!(relay.take(b": keep-alive\n\n", &malformed).is_none());
+        assert!(
+            relay
+                .take(Bytes::from_static(b": keep-alive\n\n"), &malformed)
+                .is_none()
+        );
         assert!(!relay.started, "a heartbeat is not the first token");
-        assert!(relay.take(b"data: {oops\n\n", &malformed).is_none());
+        assert!(
+            relay
+                .take(Bytes::from_static(b"data: {oops\n\n"), &malformed)
+                .is_none()
+        );
         assert_eq!(
             malformed.get(),
             1,
             "a malformed chunk is counted and dropped"
         );
         let end = relay.take(
-            b"data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\ndata: {\"late\":1}\n\n",
+            Bytes::from_static(b"data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\ndata: {\"late\":1}\n\n"),
             &malformed,
         );
         assert!(matches!(end, Some(End::Done)));
@@ -1188,7 +1207,7 @@ mod tests {
         );
         let mut failing = Relay::default();
         let end = failing.take(
-            b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n",
+            Bytes::from_static(b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n"),
             &malformed,
         );
         assert!(matches!(end, Some(End::Error)));

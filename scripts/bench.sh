@@ -14,8 +14,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 cargo build --release -p stanch -p stanch-gateway -p stanch-mock -p stanch-bench
 target/release/stanch-bench controller --stanch target/release/stanch --fanout-rounds 100
+target/release/stanch-bench gateway --rounds 5
 target/release/stanch-bench gateway --gateway-threads 1
-target/release/stanch-bench gateway --gateway-threads 1 --stream
+target/release/stanch-bench gateway --stream
 scripts/bench-instructions.sh
 scripts/bench-instructions.sh bare
 STREAM=1 scripts/bench-instructions.sh

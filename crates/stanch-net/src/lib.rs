@@ -47,67 +47,64 @@ impl Default for ConnLimits {
     }
 }
 
-/// Serves `app` (an axum `Router`, or a service in front of one) on `listener` until
-/// `shutdown` resolves, then drains connections. Connections are served on the
-/// runtime this runs on.
-pub async fn serve<S>(
-    listener: TcpListener,
-    app: S,
-    tls: Option<TlsAcceptor>,
-    limits: ConnLimits,
-    shutdown: impl Future<Output = ()>,
-) where
+/// What the listener serves: an axum `Router`, or a service in front of one.
+pub trait App:
+    tower::Service<
+        hyper::Request<hyper::body::Incoming>,
+        Response = axum::response::Response,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> App for S where
     S: tower::Service<
             hyper::Request<hyper::body::Incoming>,
             Response = axum::response::Response,
             Error = Infallible,
+            Future: Send + 'static,
         > + Clone
         + Send
-        + 'static,
-    S::Future: Send + 'static,
+        + 'static
 {
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains connections.
+/// Connections are served on the runtime this runs on.
+pub async fn serve(
+    listener: TcpListener,
+    app: impl App,
+    tls: Option<TlsAcceptor>,
+    limits: ConnLimits,
+    shutdown: impl Future<Output = ()>,
+) {
     accept_loop(listener, app, tls, limits, shutdown, None).await;
 }
 
 /// As [`serve`], but each accepted connection is served whole by one of `workers`'
 /// threads (the one serving the fewest connections), and this runtime only accepts.
-pub async fn serve_on<S>(
+pub async fn serve_on(
     workers: &Workers,
     listener: TcpListener,
-    app: S,
+    app: impl App,
     tls: Option<TlsAcceptor>,
     limits: ConnLimits,
     shutdown: impl Future<Output = ()>,
-) where
-    S: tower::Service<
-            hyper::Request<hyper::body::Incoming>,
-            Response = axum::response::Response,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+) {
     accept_loop(listener, app, tls, limits, shutdown, Some(workers)).await;
 }
 
-async fn accept_loop<S>(
+async fn accept_loop(
     listener: TcpListener,
-    app: S,
+    app: impl App,
     tls: Option<TlsAcceptor>,
     limits: ConnLimits,
     shutdown: impl Future<Output = ()>,
     workers: Option<&Workers>,
-) where
-    S: tower::Service<
-            hyper::Request<hyper::body::Incoming>,
-            Response = axum::response::Response,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+) {
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -166,17 +163,7 @@ struct Connection<S> {
     watcher: hyper_util::server::graceful::Watcher,
 }
 
-impl<S> Connection<S>
-where
-    S: tower::Service<
-            hyper::Request<hyper::body::Incoming>,
-            Response = axum::response::Response,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: App> Connection<S> {
     async fn serve(self, stream: tokio::net::TcpStream) {
         let Connection {
             peer,

@@ -616,6 +616,89 @@ mod tests {
         assert_eq!(super::worker_index(), None, "not a worker thread");
     }
 
+    #[tokio::test]
+    async fn at_shutdown_workers_finish_requests_in_flight_within_the_drain() {
+        // Each handler says when it has begun: a request not yet read is not in flight.
+        let (begun, mut begins) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let app = {
+            let (a, b) = (begun.clone(), begun);
+            axum::Router::new()
+                .route(
+                    "/",
+                    axum::routing::get(move || async move {
+                        let _ = a.send(());
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        "finished"
+                    }),
+                )
+                .route(
+                    "/never",
+                    axum::routing::get(move || async move {
+                        let _ = b.send(());
+                        std::future::pending::<String>().await
+                    }),
+                )
+        };
+        let workers = std::sync::Arc::new(super::Workers::start(2, "test-drain").unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let limits = super::ConnLimits {
+            drain: Duration::from_secs(2),
+            ..Default::default()
+        };
+        let serving = {
+            let workers = workers.clone();
+            tokio::spawn(async move {
+                super::serve_on(&workers, listener, app, None, limits, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            })
+        };
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut stuck = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stuck
+            .write_all(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            begins.recv().await.unwrap();
+        }
+        let started = tokio::time::Instant::now();
+        stop.send(()).unwrap();
+
+        // The request in flight is answered whole, and its connection then closed.
+        let mut answer = String::new();
+        slow.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("finished"), "{answer}");
+        // No new connection is served.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let refused = match tokio::net::TcpStream::connect(addr).await {
+            Err(_) => true,
+            Ok(mut late) => {
+                let _ = late.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+                let mut buf = Vec::new();
+                matches!(
+                    tokio::time::timeout(Duration::from_secs(1), late.read_to_end(&mut buf)).await,
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_)
+                )
+            }
+        };
+        assert!(refused, "a connection after shutdown is not served");
+        // One that never finishes is given the drain time, then serving ends.
+        serving.await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1900) && took < Duration::from_secs(4),
+            "{took:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_client_that_stops_reading_is_cut_off() {
         let (ours, _theirs) = tokio::io::duplex(64);

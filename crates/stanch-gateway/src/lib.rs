@@ -41,7 +41,7 @@ use crate::config::{GatewayConfig, is_glob, secret};
 use crate::endpoints::{Endpoint, glob};
 use crate::faq::Faq;
 use crate::metrics::{
-    AttemptLabels, EndpointLabels, Metrics, ModelLabel, ProbeLabels, RequestLabels,
+    AttemptLabels, EndpointLabels, Metrics, ModelLabel, ProbeLabels, RequestLabels, WorkerLabel,
 };
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -72,6 +72,8 @@ pub struct Gateway {
     /// Per-model latency and time-to-first-token histograms, resolved once.
     pub(crate) model_histograms: std::collections::HashMap<String, (Histogram, Histogram)>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// The worker threads' connection counts, when it serves on workers.
+    workers: std::sync::OnceLock<stanch_net::Load>,
 }
 
 /// Every configured endpoint, model by model and pool by pool.
@@ -250,6 +252,7 @@ impl Gateway {
             model_histograms,
             clock,
             config,
+            workers: std::sync::OnceLock::new(),
         })
     }
 
@@ -427,6 +430,14 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             .get_or_create(&labels)
             .set(i64::try_from(e.conns.idle_count()).unwrap_or(i64::MAX));
     }
+    if let Some(load) = gw.workers.get() {
+        for (worker, connections) in (0u32..).zip(load.connections()) {
+            gw.metrics
+                .worker_connections
+                .get_or_create(&WorkerLabel { worker })
+                .set(i64::try_from(connections).unwrap_or(i64::MAX));
+        }
+    }
     let mut r = gw.metrics.encode().into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -447,6 +458,7 @@ const LIMITS: stanch_net::ConnLimits = stanch_net::ConnLimits {
 };
 
 /// Serves the gateway on `listener` until `shutdown`, then drains in-flight requests.
+/// Connections are served on the runtime this runs on.
 pub async fn serve(
     listener: TcpListener,
     gateway: Arc<Gateway>,
@@ -464,6 +476,8 @@ pub async fn serve_on(
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Their connection counts show in the metrics.
+    let _ = gateway.workers.set(workers.load());
     stanch_net::serve_on(
         workers,
         listener,

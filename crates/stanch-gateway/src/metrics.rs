@@ -76,6 +76,13 @@ pub struct EndpointLabels {
     pub pool: String,
 }
 
+/// A worker thread, by index.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    /// The worker's index (`0`, `1`, ...).
+    pub worker: u32,
+}
+
 /// Every gateway metric.
 #[derive(Debug)]
 pub struct Metrics {
@@ -121,6 +128,8 @@ pub struct Metrics {
     pub malformed_chunks: Counter,
     /// Retries refused by the retry budget.
     pub budget_exhausted: Counter,
+    /// Caller connections each worker thread serves.
+    pub worker_connections: Family<WorkerLabel, Gauge>,
     /// The applied route version (0 without one).
     pub route_version: Gauge,
     /// Seconds since the applied route table was generated.
@@ -155,6 +164,7 @@ impl Metrics {
             endpoint_blocked_locally: Family::default(),
             connections_opened: Family::default(),
             connections_idle: Family::default(),
+            worker_connections: Family::default(),
             all_blocked: Counter::default(),
             malformed_chunks: Counter::default(),
             budget_exhausted: Counter::default(),
@@ -222,6 +232,11 @@ impl Metrics {
             "upstream_connections_opened",
             "Connections opened to the endpoint",
             m.connections_opened.clone(),
+        );
+        registry.register(
+            "worker_connections",
+            "Caller connections each worker thread is serving",
+            m.worker_connections.clone(),
         );
         registry.register(
             "upstream_connections_idle",

@@ -223,16 +223,31 @@ pub fn worker_index() -> Option<usize> {
 /// the threads; tasks still running on them are cancelled.
 pub struct Workers {
     threads: Vec<Worker>,
+    load: Load,
     /// Where the search for the least busy worker starts next, so ties rotate.
     next: std::sync::atomic::AtomicUsize,
 }
 
 struct Worker {
     runtime: tokio::runtime::Handle,
-    /// Connections it is serving now.
-    connections: Arc<std::sync::atomic::AtomicUsize>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The connections each of a [`Workers`]' threads is serving, readable from anywhere
+/// (for metrics): a connection is counted from when it is handed to a worker until it
+/// ends, however it ends.
+#[derive(Debug, Clone)]
+pub struct Load(Arc<[std::sync::atomic::AtomicUsize]>);
+
+impl Load {
+    /// Connections each worker is serving now, by worker.
+    pub fn connections(&self) -> Vec<usize> {
+        self.0
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    }
 }
 
 impl Workers {
@@ -256,13 +271,18 @@ impl Workers {
                 })?;
             threads.push(Worker {
                 runtime: handle,
-                connections: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
                 stop: Some(stop),
                 thread: Some(thread),
             });
         }
+        let load = Load(
+            (0..threads.len())
+                .map(|_| std::sync::atomic::AtomicUsize::new(0))
+                .collect(),
+        );
         Ok(Workers {
             threads,
+            load,
             next: std::sync::atomic::AtomicUsize::new(0),
         })
     }
@@ -279,11 +299,12 @@ impl Workers {
 
     /// Connections each worker is serving now, by worker.
     pub fn connections(&self) -> Vec<usize> {
-        use std::sync::atomic::Ordering;
-        self.threads
-            .iter()
-            .map(|w| w.connections.load(Ordering::Relaxed))
-            .collect()
+        self.load.connections()
+    }
+
+    /// A handle on the workers' connection counts, for metrics.
+    pub fn load(&self) -> Load {
+        self.load.clone()
     }
 
     /// Runs `task` on `worker`'s thread.
@@ -303,20 +324,20 @@ impl Workers {
         let n = self.threads.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let chosen = (0..n)
-            .map(|k| &self.threads[(start + k) % n])
-            .min_by_key(|w| w.connections.load(Ordering::Relaxed))
+            .map(|k| (start + k) % n)
+            .min_by_key(|&i| self.load.0[i].load(Ordering::Relaxed))
             .expect("at least one worker");
-        let count = chosen.connections.clone();
-        count.fetch_add(1, Ordering::Relaxed);
-        chosen.runtime.spawn(async move {
+        self.load.0[chosen].fetch_add(1, Ordering::Relaxed);
+        let load = self.load.clone();
+        self.threads[chosen].runtime.spawn(async move {
             // Counted down however the connection ends, cancellation included.
-            struct Done(Arc<std::sync::atomic::AtomicUsize>);
+            struct Done(Load, usize);
             impl Drop for Done {
                 fn drop(&mut self) {
-                    self.0.fetch_sub(1, Ordering::Relaxed);
+                    (self.0).0[self.1].fetch_sub(1, Ordering::Relaxed);
                 }
             }
-            let _done = Done(count);
+            let _done = Done(load, chosen);
             serve.await;
         });
     }

@@ -3,6 +3,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use crate::support::*;
 
 struct Killed(std::process::Child);
@@ -72,6 +74,60 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint(
     );
     assert_eq!(served, 24.0);
     assert_eq!(up.requests(), 24);
+
+    // Kept-alive connections spread over the workers, and the metrics say how. One
+    // client asks for the metrics over one connection; first, until the gateway has
+    // seen the closes of the requests above and counts that connection alone.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let by_worker = || async {
+        let metrics = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        (0..3)
+            .map(|w| {
+                sample(
+                    &metrics,
+                    "stanch_gateway_worker_connections",
+                    &[("worker", &w.to_string())],
+                )
+            })
+            .collect::<Vec<f64>>()
+    };
+    let mut settled = false;
+    for _ in 0..100 {
+        if by_worker().await.iter().sum::<f64>() == 1.0 {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(settled, "closed connections are no longer counted");
+    let mut open = Vec::new();
+    for _ in 0..6 {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0; 256];
+        let n = conn.read(&mut answer).await.unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+        open.push(conn);
+    }
+    // The six and the metrics' own: the least busy worker takes each new one.
+    let counts = by_worker().await;
+    assert_eq!(counts.iter().sum::<f64>(), 7.0, "{counts:?}");
+    assert!(
+        counts.iter().all(|&c| (2.0..=3.0).contains(&c)),
+        "{counts:?}"
+    );
+    drop(open);
 
     // SIGTERM (what Kubernetes sends) stops it cleanly, keep-alive connections and all.
     stops_cleanly_on(&mut gateway, "-TERM").await;

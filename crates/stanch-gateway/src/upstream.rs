@@ -157,16 +157,16 @@ struct Shared {
     idle: Mutex<VecDeque<Idle>>,
 }
 
+/// A connection, idle since a moment.
 struct Idle {
-    conn: SendRequest<RequestBody>,
+    conn: Conn,
     since: Instant,
-    /// The worker thread whose runtime drives it (`None`: not a worker's).
-    worker: Option<usize>,
 }
 
-/// A connection taken from the pool, or opened, for one exchange.
+/// A connection to an endpoint.
 struct Conn {
     send: SendRequest<RequestBody>,
+    /// The worker thread whose runtime drives it (`None`: not a worker's).
     worker: Option<usize>,
 }
 
@@ -320,15 +320,12 @@ impl Shared {
         let here = stanch_net::worker_index();
         let mut idle = self.idle.lock().expect("pool lock");
         self.expire(&mut idle, Instant::now());
-        let open = |e: &Idle| !e.conn.is_closed();
+        let open = |e: &Idle| !e.conn.send.is_closed();
         let pick = idle
             .iter()
-            .rposition(|e| e.worker == here && open(e))
+            .rposition(|e| e.conn.worker == here && open(e))
             .or_else(|| idle.iter().rposition(open))?;
-        idle.remove(pick).map(|e| Conn {
-            send: e.conn,
-            worker: e.worker,
-        })
+        idle.remove(pick).map(|e| e.conn)
     }
 
     /// Puts a connection whose response was read to the end back for reuse.
@@ -340,11 +337,7 @@ impl Shared {
         let mut idle = self.idle.lock().expect("pool lock");
         self.expire(&mut idle, now);
         if idle.len() < MAX_IDLE {
-            idle.push_back(Idle {
-                conn: conn.send,
-                since: now,
-                worker: conn.worker,
-            });
+            idle.push_back(Idle { conn, since: now });
         }
     }
 

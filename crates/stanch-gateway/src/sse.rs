@@ -157,7 +157,12 @@ impl Nesting {
     }
 }
 
+// The scanner's helpers below are inlined into its loop by force: they run for every
+// key and string of every event, and as calls they cost 4 % of a streamed answer's
+// instructions (callgrind, `STREAM=1 scripts/bench-instructions.sh`).
+
 /// JSON's insignificant whitespace.
+#[inline(always)]
 fn skip_ws(s: &[u8], mut i: usize) -> usize {
     while let Some(b' ' | b'\n' | b'\t' | b'\r') = s.get(i) {
         i += 1;
@@ -166,6 +171,7 @@ fn skip_ws(s: &[u8], mut i: usize) -> usize {
 }
 
 /// The end of the string whose opening quote is before `i`.
+#[inline(always)]
 fn string_end(s: &[u8], mut i: usize) -> Option<usize> {
     loop {
         i = next_special(s, i);
@@ -188,6 +194,7 @@ fn string_end(s: &[u8], mut i: usize) -> Option<usize> {
 /// or a control character (`s.len()` if none). Eight bytes at a time: a byte below
 /// 0x20, or equal to one of the two after an XOR, leaves a borrow in its top bit when
 /// 0x01 is subtracted from every byte, and the lowest flagged byte is exact.
+#[inline(always)]
 fn next_special(s: &[u8], mut i: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const TOPS: u64 = 0x8080_8080_8080_8080;
@@ -243,6 +250,7 @@ fn number_end(s: &[u8], mut i: usize) -> Option<usize> {
 
 /// Reads an object key at `i` and its colon; returns where its value starts. Notes
 /// the keys a [`Scan`] looks for.
+#[inline(always)]
 fn key(s: &[u8], i: usize, nesting: &Nesting, scan: &mut Scan) -> Option<usize> {
     if s.get(i) != Some(&b'"') {
         return None;

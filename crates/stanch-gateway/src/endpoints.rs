@@ -538,33 +538,28 @@ pub fn choose<'a>(
 mod tests {
     use super::*;
 
-    fn ep(url: &str, alone: bool) -> Endpoint {
+    /// An endpoint of model `m` in pool `p`, capacity 10.
+    fn endpoint(
+        url: &str,
+        weight: u32,
+        key: Option<&str>,
+        alone: bool,
+    ) -> Result<Endpoint, String> {
         Endpoint::new(
             url,
             "m",
             "p",
-            1,
+            weight,
             10,
             None,
-            None,
+            key.map(SecretString::from),
             alone,
             &Connector::testing(),
         )
-        .unwrap()
     }
 
-    fn ep_result(url: &str) -> Result<Endpoint, String> {
-        Endpoint::new(
-            url,
-            "m",
-            "p",
-            1,
-            10,
-            None,
-            None,
-            false,
-            &Connector::testing(),
-        )
+    fn ep(url: &str, alone: bool) -> Endpoint {
+        endpoint(url, 1, None, alone).unwrap()
     }
 
     fn policy() -> BlockingPolicy {
@@ -573,6 +568,16 @@ mod tests {
             jitter: 0.0,
             ..BlockingPolicy::default()
         }
+    }
+
+    #[test]
+    fn every_thread_draws_its_own_random_numbers() {
+        // A fixed seed would give every thread, and every replica, the same numbers.
+        let draws = || (0..4).map(|_| next_random()).collect::<Vec<_>>();
+        let here = draws();
+        let there = std::thread::spawn(draws).join().unwrap();
+        assert_ne!(here, there);
+        assert!(here.iter().chain(&there).all(|&x| x != 0));
     }
 
     #[test]
@@ -588,34 +593,13 @@ mod tests {
         let prefixed = ep("http://llm.internal/openai/", false);
         assert_eq!(prefixed.paths[0], "/openai/v1/chat/completions");
         assert_eq!(prefixed.conns.host(), "llm.internal");
-        assert!(ep_result("ftp//nohost").is_err());
-        let unsendable = Endpoint::new(
-            "http://10.0.0.7:8000",
-            "m",
-            "p",
-            1,
-            10,
-            None,
-            Some(SecretString::from("sk-\nline")),
-            false,
-            &Connector::testing(),
-        );
+        assert!(endpoint("ftp//nohost", 1, None, false).is_err());
+        let unsendable = endpoint("http://10.0.0.7:8000", 1, Some("sk-\nline"), false);
         let why = unsendable.expect_err("a key a header cannot carry stops the start");
         assert!(why.starts_with("api key:"), "{why}");
         assert!(request.headers().get("authorization").is_none());
 
-        let keyed = Endpoint::new(
-            "http://10.0.0.7:8000",
-            "m",
-            "p",
-            1,
-            10,
-            None,
-            Some(SecretString::from("sk-test")),
-            false,
-            &Connector::testing(),
-        )
-        .unwrap();
+        let keyed = endpoint("http://10.0.0.7:8000", 1, Some("sk-test"), false).unwrap();
         let request = keyed.post(0, ());
         let authorization = &request.headers()["authorization"];
         assert_eq!(authorization, "Bearer sk-test");
@@ -923,18 +907,7 @@ mod tests {
     async fn weights_and_slow_start_set_the_shares() {
         let now = Instant::now();
         let p = policy();
-        let heavy = Endpoint::new(
-            "http://heavy",
-            "m",
-            "p",
-            3,
-            10,
-            None,
-            None,
-            false,
-            &Connector::testing(),
-        )
-        .unwrap();
+        let heavy = endpoint("http://heavy", 3, None, false).unwrap();
         let light = ep("http://light", false);
         for e in [&heavy, &light] {
             e.record(

@@ -613,9 +613,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             .headers()
             .get(RATE_LIMITED)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-        let bytes = read_limited(response.into_body(), Duration::from_secs(2))
-            .await
-            .unwrap_or_default();
+        let bytes = read_limited(response.into_body(), Duration::from_secs(2)).await;
         let outcome = classify_status(status.as_u16(), wait, local, &bytes);
         record(&ctx.gw, endpoint, &outcome, sent);
         if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
@@ -688,34 +686,35 @@ where
     if body.size_hint().lower() > limit as u64 {
         return Err(Unread::TooLarge);
     }
-    let mut whole: Option<Bytes> = None;
-    let mut joined: Option<BytesMut> = None;
+    // The first frame as it came; a second starts a copy of them all.
+    let mut first: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
+    let mut len = 0;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(Unread::Broken)?.into_data() else {
             // Trailers: nothing a caller or the gateway uses.
             continue;
         };
-        let so_far =
-            whole.as_ref().map_or(0, Bytes::len) + joined.as_ref().map_or(0, BytesMut::len);
-        if so_far + data.len() > limit {
+        len += data.len();
+        if len > limit {
             return Err(Unread::TooLarge);
         }
-        match (&mut whole, &mut joined) {
-            (None, None) => whole = Some(data),
-            (Some(first), None) => {
-                let mut buf = BytesMut::with_capacity(first.len() + data.len());
-                buf.extend_from_slice(first);
-                buf.extend_from_slice(&data);
-                whole = None;
-                joined = Some(buf);
-            }
-            (_, Some(buf)) => buf.extend_from_slice(&data),
+        if len == data.len() {
+            first = Some(data);
+            continue;
         }
+        if let Some(first) = first.take() {
+            joined.reserve(len);
+            joined.extend_from_slice(&first);
+        }
+        joined.extend_from_slice(&data);
     }
-    Ok(joined.map_or_else(|| whole.unwrap_or_default(), BytesMut::freeze))
+    Ok(first.unwrap_or_else(|| joined.freeze()))
 }
 
-async fn read_limited(mut body: upstream::Body, within: Duration) -> Option<Bytes> {
+/// The start of an error body, at most `ERROR_BODY_LIMIT` bytes, whatever arrives
+/// `within`: enough to classify it.
+async fn read_limited(mut body: upstream::Body, within: Duration) -> Bytes {
     let mut out = Vec::new();
     let until = Instant::now() + within;
     while out.len() < ERROR_BODY_LIMIT {
@@ -725,11 +724,11 @@ async fn read_limited(mut body: upstream::Body, within: Duration) -> Option<Byte
                     out.extend_from_slice(&data);
                 }
             }
-            Ok(Some(Err(_))) | Err(_) => break,
-            Ok(None) => break,
+            Ok(Some(Err(_)) | None) | Err(_) => break,
         }
     }
-    Some(Bytes::from(out))
+    out.truncate(ERROR_BODY_LIMIT);
+    Bytes::from(out)
 }
 
 fn error_event(outcome: &Outcome) -> Bytes {

@@ -489,6 +489,9 @@ mod tests {
 
     /// Sends `n` requests at once on `worker`; returns the workers whose connections
     /// carried them, once every answer was read (and its connection given back).
+    /// Bodies are read only once every answer's headers are in: a connection goes back
+    /// to the pool when its body ends, and the `n` requests must not share one however
+    /// the threads are scheduled.
     async fn exchange(
         workers: &stanch_net::Workers,
         worker: usize,
@@ -498,16 +501,16 @@ mod tests {
         let pool = pool.clone();
         workers
             .spawn_on(worker, async move {
-                let sent = (0..n).map(|_| async {
-                    let response = pool.send(chat(&pool)).await.unwrap();
-                    let (_, mut body) = response.into_parts();
-                    let carrier = body.conn.as_ref().map(|(c, _)| c.worker).unwrap();
+                let sent = (0..n).map(|_| pool.send(chat(&pool)));
+                let mut carriers = Vec::new();
+                for response in futures_util::future::join_all(sent).await {
+                    let (_, mut body) = response.unwrap().into_parts();
+                    carriers.push(body.conn.as_ref().map(|(c, _)| c.worker).unwrap());
                     while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
                         frame.unwrap();
                     }
-                    carrier
-                });
-                futures_util::future::join_all(sent).await
+                }
+                carriers
             })
             .await
             .unwrap()

@@ -11,6 +11,7 @@ pub mod budget;
 pub mod config;
 pub mod endpoints;
 pub mod faq;
+mod json;
 pub mod metrics;
 pub mod outcome;
 mod proxy;

@@ -94,14 +94,6 @@ pub(crate) fn table_block(table: &RouteTable, e: &Endpoint, now: Timestamp) -> O
         .min()
 }
 
-/// The fields of a request body that routing reads; the rest is not parsed.
-#[derive(serde::Deserialize)]
-struct Peek {
-    model: Option<String>,
-    #[serde(default)]
-    stream: Option<bool>,
-}
-
 /// What one request carries through its attempts.
 struct Ctx {
     gw: Arc<Gateway>,
@@ -219,17 +211,15 @@ async fn route(
         }
     };
     // Only the fields routing needs are read; the body is forwarded as it came.
-    let peek: Peek = match serde_json::from_slice(&raw) {
-        Ok(p) => p,
-        Err(_) => {
-            return Err(Rejected::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_json",
-                "the body must be a JSON object",
-            ));
-        }
+    let Ok(peek) = crate::json::peek(&raw) else {
+        return Err(Rejected::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "the body must be a JSON object in UTF-8, with at most one `model` (a string) \
+             and one `stream` (a boolean)",
+        ));
     };
-    let Some(requested) = peek.model else {
+    let Some(requested) = peek.model.map(std::borrow::Cow::into_owned) else {
         return Err(Rejected::new(
             StatusCode::BAD_REQUEST,
             "model_required",

@@ -121,217 +121,20 @@ struct Scan {
     error: bool,
 }
 
-/// The nesting of the containers a scan is inside: a bit per level, `true` for an
-/// object; deeper than 64 levels, a vector takes over (never, in a real chunk).
-#[derive(Default)]
-struct Nesting {
-    bits: u64,
-    depth: usize,
-    deeper: Vec<bool>,
-}
-
-impl Nesting {
-    fn push(&mut self, object: bool) {
-        if self.depth < 64 {
-            self.bits = (self.bits & !(1 << self.depth)) | (u64::from(object) << self.depth);
-        } else {
-            self.deeper.push(object);
-        }
-        self.depth += 1;
-    }
-
-    /// Whether the innermost container is an object; `None` at the top level.
-    fn top(&self) -> Option<bool> {
-        match self.depth {
-            0 => None,
-            d if d <= 64 => Some(self.bits & (1 << (d - 1)) != 0),
-            _ => self.deeper.last().copied(),
-        }
-    }
-
-    fn pop(&mut self) {
-        if self.depth > 64 {
-            self.deeper.pop();
-        }
-        self.depth -= 1;
-    }
-}
-
-// The scanner's helpers below are inlined into its loop by force: they run for every
-// key and string of every event, and as calls they cost 4 % of a streamed answer's
-// instructions (callgrind, `STREAM=1 scripts/bench-instructions.sh`).
-
-/// JSON's insignificant whitespace.
-#[inline(always)]
-fn skip_ws(s: &[u8], mut i: usize) -> usize {
-    while let Some(b' ' | b'\n' | b'\t' | b'\r') = s.get(i) {
-        i += 1;
-    }
-    i
-}
-
-/// The end of the string whose opening quote is before `i`.
-#[inline(always)]
-fn string_end(s: &[u8], mut i: usize) -> Option<usize> {
-    loop {
-        i = next_special(s, i);
-        match *s.get(i)? {
-            b'"' => return Some(i + 1),
-            b'\\' => {
-                i += match *s.get(i + 1)? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => 2,
-                    b'u' if s.get(i + 2..i + 6)?.iter().all(u8::is_ascii_hexdigit) => 6,
-                    _ => return None,
-                };
-            }
-            // A control character, which must be escaped.
-            _ => return None,
-        }
-    }
-}
-
-/// The first byte from `i` on that ends a string's plain run: a quote, a backslash
-/// or a control character (`s.len()` if none). Eight bytes at a time: a byte below
-/// 0x20, or equal to one of the two after an XOR, leaves a borrow in its top bit when
-/// 0x01 is subtracted from every byte, and the lowest flagged byte is exact.
-#[inline(always)]
-fn next_special(s: &[u8], mut i: usize) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const TOPS: u64 = 0x8080_8080_8080_8080;
-    let below = |w: u64, n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & TOPS;
-    while let Some(word) = s.get(i..i + 8) {
-        let w = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-        let found = below(w ^ (ONES * u64::from(b'"')), 1)
-            | below(w ^ (ONES * u64::from(b'\\')), 1)
-            | below(w, 0x20);
-        if found != 0 {
-            return i + (found.trailing_zeros() / 8) as usize;
-        }
-        i += 8;
-    }
-    while s
-        .get(i)
-        .is_some_and(|&b| b != b'"' && b != b'\\' && b >= 0x20)
-    {
-        i += 1;
-    }
-    i
-}
-
-/// The end of the number that starts at `i`: `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`.
-fn number_end(s: &[u8], mut i: usize) -> Option<usize> {
-    let digits = |mut i: usize| {
-        let start = i;
-        while s.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        (i > start).then_some(i)
-    };
-    if s.get(i) == Some(&b'-') {
-        i += 1;
-    }
-    i = match *s.get(i)? {
-        b'0' => i + 1,
-        b'1'..=b'9' => digits(i)?,
-        _ => return None,
-    };
-    if s.get(i) == Some(&b'.') {
-        i = digits(i + 1)?;
-    }
-    if let Some(b'e' | b'E') = s.get(i) {
-        i += 1;
-        if let Some(b'+' | b'-') = s.get(i) {
-            i += 1;
-        }
-        i = digits(i)?;
-    }
-    Some(i)
-}
-
-/// Reads an object key at `i` and its colon; returns where its value starts. Notes
-/// the keys a [`Scan`] looks for.
-#[inline(always)]
-fn key(s: &[u8], i: usize, nesting: &Nesting, scan: &mut Scan) -> Option<usize> {
-    if s.get(i) != Some(&b'"') {
-        return None;
-    }
-    let end = string_end(s, i + 1)?;
-    let colon = skip_ws(s, end);
-    if s.get(colon) != Some(&b':') {
-        return None;
-    }
-    let value = skip_ws(s, colon + 1);
-    match &s[i + 1..end - 1] {
-        b"finish_reason" if !s[value..].starts_with(b"null") => scan.finished = true,
-        b"error" if nesting.depth == 1 => scan.error = true,
-        _ => {}
-    }
-    Some(value)
-}
-
-/// Checks that `json` is one well-formed JSON value (RFC 8259: what serde_json
-/// accepts), and reads what a [`Scan`] notes, in one pass and without building
-/// anything. `None` when it is not JSON.
+/// Checks that `json` is one well-formed JSON value and reads what a [`Scan`] notes,
+/// in one pass and without building anything. `None` when it is not JSON.
 ///
 /// Every event of a stream passes through here; serde_json's validation followed by
 /// separate searches for the keys cost half as much again per event.
 fn scan(json: &str) -> Option<Scan> {
     let s = json.as_bytes();
     let mut out = Scan::default();
-    let mut nesting = Nesting::default();
-    let mut i = skip_ws(s, 0);
-    loop {
-        // A value starts at `i`.
-        i = match *s.get(i)? {
-            b'{' => {
-                let inner = skip_ws(s, i + 1);
-                if s.get(inner) == Some(&b'}') {
-                    inner + 1
-                } else {
-                    nesting.push(true);
-                    i = key(s, inner, &nesting, &mut out)?;
-                    continue;
-                }
-            }
-            b'[' => {
-                let inner = skip_ws(s, i + 1);
-                if s.get(inner) == Some(&b']') {
-                    inner + 1
-                } else {
-                    nesting.push(false);
-                    i = inner;
-                    continue;
-                }
-            }
-            b'"' => string_end(s, i + 1)?,
-            b't' if s[i..].starts_with(b"true") => i + 4,
-            b'f' if s[i..].starts_with(b"false") => i + 5,
-            b'n' if s[i..].starts_with(b"null") => i + 4,
-            b'-' | b'0'..=b'9' => number_end(s, i)?,
-            _ => return None,
-        };
-        // After a value: containers close, or a comma leads to the next value.
-        loop {
-            i = skip_ws(s, i);
-            let Some(object) = nesting.top() else {
-                return (i == s.len()).then_some(out);
-            };
-            match *s.get(i)? {
-                b',' => {
-                    i = skip_ws(s, i + 1);
-                    if object {
-                        i = key(s, i, &nesting, &mut out)?;
-                    }
-                    break;
-                }
-                b'}' if object => {}
-                b']' if !object => {}
-                _ => return None,
-            }
-            nesting.pop();
-            i += 1;
-        }
-    }
+    let well_formed = crate::json::walk(s, |depth, name, value| match name {
+        b"finish_reason" if !s[value..].starts_with(b"null") => out.finished = true,
+        b"error" if depth == 1 => out.error = true,
+        _ => {}
+    });
+    well_formed.then_some(out)
 }
 
 fn classify(raw: Bytes) -> Event {
@@ -408,6 +211,7 @@ fn classify_payload(payload: &str, raw: impl FnOnce() -> Bytes) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::json::tests::{Rng, mutate, value};
 
     /// The events `data` completes, as one frame.
     fn push(p: &mut Parser, data: &[u8]) -> Vec<Event> {
@@ -538,66 +342,16 @@ mod tests {
         );
     }
 
-    /// A small deterministic random source for the scanner's comparison with serde_json.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    /// A random JSON value, with the keys the scanner looks for among others.
-    fn value(rng: &mut Rng, depth: usize) -> Value {
-        const KEYS: [&str; 7] = [
-            "finish_reason",
-            "error",
-            "choices",
-            "delta",
-            "",
-            "a\"b",
-            "é",
-        ];
-        const TEXT: [&str; 10] = [
-            "",
-            "hi",
-            "tab\there",
-            "\u{1}",
-            "quote\"",
-            "back\\slash",
-            "日本",
-            "😀/",
-            "a longer run of plain text, then \"a quote\" and a \\ backslash",
-            "Σ long enough to be read eight bytes at a time, and then some more",
-        ];
-        match rng.below(if depth > 4 { 5 } else { 8 }) {
-            0 => Value::Null,
-            1 => Value::Bool(rng.below(2) == 0),
-            2 => serde_json::json!(rng.next() as i64 >> rng.below(64)),
-            3 => serde_json::json!(
-                (rng.next() as f64) / 3.7e9 * if rng.below(2) == 0 { -1.0 } else { 1e-7 }
-            ),
-            4 => Value::String(TEXT[rng.below(TEXT.len())].to_owned()),
-            5 => Value::Array((0..rng.below(4)).map(|_| value(rng, depth + 1)).collect()),
-            _ => Value::Object(
-                (0..rng.below(5))
-                    .map(|_| {
-                        (
-                            KEYS[rng.below(KEYS.len())].to_owned(),
-                            value(rng, depth + 1),
-                        )
-                    })
-                    .collect(),
-            ),
-        }
-    }
+    /// The keys a [`Scan`] looks for, among others.
+    const KEYS: [&str; 7] = [
+        "finish_reason",
+        "error",
+        "choices",
+        "delta",
+        "",
+        "a\"b",
+        "é",
+    ];
 
     /// What the scanner should report of a well-formed value, read from its tree.
     fn expected(v: &Value) -> Scan {
@@ -619,14 +373,9 @@ mod tests {
     #[test]
     fn the_scanner_accepts_what_serde_json_accepts_and_nothing_else() {
         let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-        // Characters that matter to JSON's grammar, and some that do not.
-        const NOISE: &[char] = &[
-            '{', '}', '[', ']', '"', ',', ':', '\\', '/', ' ', '\n', '\t', '\r', '\u{1}', '0', '1',
-            '9', '-', '+', '.', 'e', 'E', 't', 'f', 'n', 'u', 'l', 'x', 'é', '\u{a0}',
-        ];
         let (mut valid, mut invalid) = (0, 0);
         for round in 0..3000 {
-            let v = value(&mut rng, 0);
+            let v = value(&mut rng, 0, &KEYS);
             let text = if round % 2 == 0 {
                 serde_json::to_string(&v).unwrap()
             } else {
@@ -634,19 +383,8 @@ mod tests {
             };
             assert_eq!(scan(&text), Some(expected(&v)), "{text}");
             valid += 1;
-            let chars: Vec<char> = text.chars().collect();
             for _ in 0..12 {
-                let mut m = chars.clone();
-                let at = rng.below(m.len() + 1);
-                match rng.below(4) {
-                    0 if at < m.len() => {
-                        m.remove(at);
-                    }
-                    1 if at < m.len() => m[at] = NOISE[rng.below(NOISE.len())],
-                    2 => m.truncate(at),
-                    _ => m.insert(at, NOISE[rng.below(NOISE.len())]),
-                }
-                let mutant: String = m.into_iter().collect();
+                let mutant = mutate(&mut rng, &text);
                 let serde = serde_json::from_str::<serde::de::IgnoredAny>(&mutant).is_ok();
                 assert_eq!(scan(&mutant).is_some(), serde, "{mutant:?}");
                 if serde {

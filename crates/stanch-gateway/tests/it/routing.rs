@@ -245,6 +245,49 @@ async fn every_answer_carries_the_route_version_and_rejections_are_counted() {
     assert_eq!(served["x-stanch-route-version"], "1");
 }
 
+/// The gateway routes by the same reading of a body as the upstream will make: a
+/// body with two `model`s (which the upstream might read as either) is refused, not
+/// routed by one and served by the other; a key written with escapes means what it
+/// decodes to.
+#[tokio::test]
+async fn bodies_are_read_as_the_upstream_reads_them() {
+    let f = fleet().await;
+    let post = |body: &'static str| {
+        f.gw.http
+            .post(format!("{}/v1/chat/completions", f.gw.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    for bad in [
+        r#"{"model":"qwen-14b","model":"qwen-72b","messages":[]}"#,
+        r#"{"model":"qwen-14b","mod\u0065l":"qwen-72b","messages":[]}"#,
+        r#"{"model":"qwen-72b","stream":true,"stream":false,"messages":[]}"#,
+        r#"["qwen-72b"]"#,
+        r#"{"model":"qwen-72b","stream":"yes","messages":[]}"#,
+    ] {
+        let r = post(bad).await.unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_json", "{bad}");
+    }
+    let upstream = |u: &Upstream| u.mock.stats().requests;
+    assert_eq!(
+        upstream(&f.a) + upstream(&f.small),
+        0,
+        "nothing went upstream"
+    );
+
+    let r =
+        post(r#"{"mod\u0065l":"qwen-\u0031\u0034b","messages":[{"role":"user","content":"hi"}]}"#)
+            .await
+            .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["model"], "qwen-14b");
+    assert_eq!(upstream(&f.small), 1);
+}
+
 #[test]
 fn an_upstream_key_that_cannot_be_a_header_stops_the_start() {
     use stanch_api::clock::SystemClock;

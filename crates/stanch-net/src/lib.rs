@@ -18,7 +18,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -105,7 +105,7 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()>,
     workers: Option<&Workers>,
 ) {
-    let graceful = GracefulShutdown::new();
+    let drain = Drain::default();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -126,7 +126,7 @@ async fn accept_loop(
             app: app.clone(),
             tls: tls.clone(),
             limits,
-            watcher: graceful.watcher(),
+            watch: drain.watch(),
         };
         let Some(workers) = workers else {
             tokio::spawn(conn.serve(stream).instrument(debug_span!("conn", %peer)));
@@ -149,7 +149,7 @@ async fn accept_loop(
     }
     info!("listener closed; draining connections");
     tokio::select! {
-        () = graceful.shutdown() => {}
+        () = drain.close() => {}
         () = tokio::time::sleep(limits.drain) => debug!("drain timed out; closing the rest"),
     }
 }
@@ -160,7 +160,7 @@ struct Connection<S> {
     app: S,
     tls: Option<TlsAcceptor>,
     limits: ConnLimits,
-    watcher: hyper_util::server::graceful::Watcher,
+    watch: Watch,
 }
 
 impl<S: App> Connection<S> {
@@ -170,7 +170,7 @@ impl<S: App> Connection<S> {
             app,
             tls,
             limits,
-            watcher,
+            watch,
         } = self;
         let io = WriteDeadline::new(stream, limits.write_timeout);
         let service = TowerToHyperService::new(app);
@@ -182,15 +182,15 @@ impl<S: App> Connection<S> {
         };
         let result = match tls {
             None => {
-                watcher
-                    .watch(builder.serve_connection(TokioIo::new(io), service))
+                watch
+                    .serve(builder.serve_connection(TokioIo::new(io), service))
                     .await
             }
             Some(acceptor) => {
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io)).await {
                     Ok(Ok(stream)) => {
-                        watcher
-                            .watch(builder.serve_connection(TokioIo::new(stream), service))
+                        watch
+                            .serve(builder.serve_connection(TokioIo::new(stream), service))
                             .await
                     }
                     Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
@@ -200,6 +200,110 @@ impl<S: App> Connection<S> {
         };
         if let Err(e) = result {
             debug!(error = %e, "connection ended with an error");
+        }
+    }
+}
+
+/// The connections a listener is serving, told to finish when it closes.
+///
+/// hyper-util's graceful watcher re-arms a watch channel (a lock and a waker clone)
+/// every time a connection is polled, several times per request; here a poll reads
+/// one flag, and a connection's waker is stored when it changes, which for a
+/// connection served as its own task is once.
+#[derive(Default)]
+struct Drain(Arc<DrainState>);
+
+#[derive(Default)]
+struct DrainState {
+    /// Set once, when the listener closes.
+    closing: std::sync::atomic::AtomicBool,
+    /// The connections being served (from when they are accepted), by id, with the
+    /// waker that last polled each.
+    conns: std::sync::Mutex<std::collections::HashMap<u64, std::task::Waker>>,
+    next_id: std::sync::atomic::AtomicU64,
+    /// Wakes [`Drain::close`] when the last connection ends.
+    emptied: tokio::sync::Notify,
+}
+
+impl Drain {
+    /// Counts a connection in; it is counted out when the [`Watch`] drops.
+    fn watch(&self) -> Watch {
+        let id = self
+            .0
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0
+            .conns
+            .lock()
+            .expect("drain lock")
+            .insert(id, std::task::Waker::noop().clone());
+        Watch {
+            drain: self.0.clone(),
+            id,
+        }
+    }
+
+    /// Tells every connection to finish (each ends after the request it is serving,
+    /// at once if idle) and waits until they all have.
+    async fn close(&self) {
+        use std::sync::atomic::Ordering;
+        self.0.closing.store(true, Ordering::SeqCst);
+        for waker in self.0.conns.lock().expect("drain lock").values() {
+            waker.wake_by_ref();
+        }
+        loop {
+            let emptied = self.0.emptied.notified();
+            tokio::pin!(emptied);
+            emptied.as_mut().enable();
+            if self.0.conns.lock().expect("drain lock").is_empty() {
+                return;
+            }
+            emptied.await;
+        }
+    }
+}
+
+/// One connection's place in a [`Drain`].
+struct Watch {
+    drain: Arc<DrainState>,
+    id: u64,
+}
+
+impl Watch {
+    /// Serves `conn` to its end, asking it to finish once the drain closes.
+    async fn serve<C: GracefulConnection>(self, conn: C) -> C::Output {
+        let mut conn = std::pin::pin!(conn);
+        let mut told = false;
+        let mut waker: Option<std::task::Waker> = None;
+        std::future::poll_fn(|cx| {
+            use std::sync::atomic::Ordering;
+            if waker.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
+                // Stored before the flag is read: a close that comes after this
+                // either sees the waker or is seen below.
+                let w = cx.waker().clone();
+                self.drain
+                    .conns
+                    .lock()
+                    .expect("drain lock")
+                    .insert(self.id, w.clone());
+                waker = Some(w);
+            }
+            if !told && self.drain.closing.load(Ordering::SeqCst) {
+                told = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            conn.as_mut().poll(cx)
+        })
+        .await
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut conns = self.drain.conns.lock().expect("drain lock");
+        conns.remove(&self.id);
+        if conns.is_empty() {
+            self.drain.emptied.notify_waiters();
         }
     }
 }
@@ -718,6 +822,53 @@ mod tests {
             took >= Duration::from_millis(1900) && took < Duration::from_secs(4),
             "{took:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn at_shutdown_idle_connections_close_at_once() {
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let workers = std::sync::Arc::new(super::Workers::start(2, "test-idle").unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let limits = super::ConnLimits {
+            drain: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let serving = {
+            let workers = workers.clone();
+            tokio::spawn(async move {
+                super::serve_on(&workers, listener, app, None, limits, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            })
+        };
+        // Kept alive after an answer each, and one that never sent a byte.
+        let mut idle = Vec::new();
+        for _ in 0..3 {
+            let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+            assert_eq!(ask(&mut conn).await, "ok");
+            idle.push(conn);
+        }
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(workers.connections().iter().sum::<usize>(), 4);
+
+        let started = tokio::time::Instant::now();
+        stop.send(()).unwrap();
+        for mut conn in idle {
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(2), conn.read_to_end(&mut rest));
+            assert!(matches!(read.await, Ok(Ok(0))), "closed without a word");
+        }
+        serving.await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "serving ends when the last connection does, not at the drain time: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(workers.connections().iter().sum::<usize>(), 0);
     }
 
     #[tokio::test(start_paused = true)]

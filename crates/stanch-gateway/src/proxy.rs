@@ -24,6 +24,7 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use stanch_api::headers::{DEGRADED, RATE_LIMITED, ROUTE_VERSION};
 use stanch_api::{RouteTable, Rung, Timestamp};
+use stanch_net::timer::timeout_at;
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -572,7 +573,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
     let in_flight = endpoint.start();
     let sent = Instant::now();
     let first_byte = (sent + gw.config.timeouts.first_byte.0).min(deadline);
-    let response = match tokio::time::timeout_at(first_byte, endpoint.conns.send(request)).await {
+    let response = match timeout_at(first_byte, endpoint.conns.send(request)).await {
         Err(_) => {
             record(&ctx.gw, endpoint, &Outcome::NoHeaders, sent);
             return Attempt::Failed(Outcome::NoHeaders);
@@ -622,9 +623,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !ctx.stream || !is_stream {
         let limit = gw.config.max_response_bytes;
-        return match tokio::time::timeout_at(deadline, read_whole(response.into_body(), limit))
-            .await
-        {
+        return match timeout_at(deadline, read_whole(response.into_body(), limit)).await {
             Ok(Ok(answer)) => {
                 record(&ctx.gw, endpoint, &Outcome::Success, sent);
                 drop(in_flight);
@@ -708,7 +707,7 @@ async fn read_limited(mut body: upstream::Body, within: Duration) -> Bytes {
     let mut out = Vec::new();
     let until = Instant::now() + within;
     while out.len() < ERROR_BODY_LIMIT {
-        match tokio::time::timeout_at(until, body.frame()).await {
+        match timeout_at(until, body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     out.extend_from_slice(&data);
@@ -746,7 +745,7 @@ async fn stream(
     let mut relay = Relay::default();
     let malformed = gw.metrics.malformed_chunks.clone();
     let end = loop {
-        let frame = match tokio::time::timeout_at(until, body.frame()).await {
+        let frame = match timeout_at(until, body.frame()).await {
             Err(_) => {
                 record(&ctx.gw, endpoint, &Outcome::FirstTokenTimeout, sent);
                 return Attempt::Failed(Outcome::FirstTokenTimeout);
@@ -918,7 +917,7 @@ impl Relay {
                         return None;
                     }
                     let wait = if self.last { DONE_GRACE } else { idle };
-                    tokio::time::timeout(wait, body.frame()).await
+                    timeout_at(Instant::now() + wait, body.frame()).await
                 }
             };
             match next {

@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
+pub mod timer;
+
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -176,7 +178,7 @@ impl<S: App> Connection<S> {
         let service = TowerToHyperService::new(app);
         let builder = {
             let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(TokioTimer::new())
+            b.timer(timer::Timer)
                 .header_read_timeout(limits.header_timeout);
             b
         };
@@ -659,6 +661,28 @@ mod tests {
     }
 
     /// Sends one request on an open connection; returns the body of the answer.
+    /// hyper's header-read timeout runs from when a connection starts waiting for a
+    /// request: it also closes a kept-alive connection left idle that long.
+    #[tokio::test]
+    async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
+        let limits = super::ConnLimits {
+            header_timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let (addr, _stop) = listening(limits).await;
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert_eq!(ask(&mut conn).await, "ok");
+        let started = tokio::time::Instant::now();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest));
+        assert!(matches!(read.await, Ok(Ok(_))), "closed");
+        let idle = started.elapsed();
+        assert!(
+            idle >= Duration::from_millis(250) && idle < Duration::from_secs(2),
+            "{idle:?}"
+        );
+    }
+
     async fn ask(conn: &mut tokio::net::TcpStream) -> String {
         conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             .await

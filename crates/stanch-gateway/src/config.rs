@@ -195,6 +195,13 @@ pub struct Timeouts {
     /// Keep it below the upstreams' own keep-alive timeout (uvicorn, hence vLLM: 5 s),
     /// so a request never races an upstream closing the connection it goes out on.
     pub idle_connection: HumanDuration,
+    /// A caller's connection must bring a request's headers within this of starting
+    /// to wait for one: a slow sender is cut off (slowloris), and a kept-alive
+    /// connection idle this long is closed. Keep it above the idle timeout of any load
+    /// balancer in front (AWS ALB: 60 s; GCP's: 600 s), so the balancer never sends a
+    /// request on a connection the gateway is closing. nginx's `keepalive_timeout`
+    /// default, 75 s.
+    pub caller_idle: HumanDuration,
 }
 
 impl Default for Timeouts {
@@ -206,6 +213,7 @@ impl Default for Timeouts {
             stream_idle: HumanDuration::secs(30),
             total: HumanDuration::secs(300),
             idle_connection: HumanDuration::secs(4),
+            caller_idle: HumanDuration::secs(75),
         }
     }
 }
@@ -552,6 +560,7 @@ impl GatewayConfig {
             ("timeouts.first_token", self.timeouts.first_token),
             ("timeouts.stream_idle", self.timeouts.stream_idle),
             ("timeouts.total", self.timeouts.total),
+            ("timeouts.caller_idle", self.timeouts.caller_idle),
             ("blocking.ttl", b.ttl),
             ("blocking.probe.interval", b.probe.interval),
             ("blocking.probe.timeout", b.probe.timeout),
@@ -679,6 +688,7 @@ max_response_bytes: 0
         )
         .unwrap();
         assert_eq!(config.timeouts.idle_connection.0, Duration::from_secs(4));
+        assert_eq!(config.timeouts.caller_idle.0, Duration::from_secs(75));
         assert_eq!(config.max_response_bytes, 64 << 20);
         assert!(config.tls.ca_file.is_none());
     }

@@ -449,14 +449,18 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     r
 }
 
-/// How the gateway's listener treats connections: headers within 30 s (slowloris), a
-/// caller that takes no bytes for 30 s is cut off, and at shutdown streams in flight get
-/// 30 s to finish (Kubernetes' default grace period) before they are closed.
-const LIMITS: stanch_net::ConnLimits = stanch_net::ConnLimits {
-    write_timeout: Duration::from_secs(30),
-    header_timeout: Duration::from_secs(30),
-    drain: Duration::from_secs(30),
-};
+/// How the gateway's listener treats connections: a caller brings each request's
+/// headers within `timeouts.caller_idle` (which also closes kept-alive connections
+/// idle that long), a caller that takes no bytes for 30 s is cut off, and at shutdown
+/// streams in flight get 30 s to finish (Kubernetes' default grace period) before
+/// they are closed.
+fn limits(gateway: &Gateway) -> stanch_net::ConnLimits {
+    stanch_net::ConnLimits {
+        write_timeout: Duration::from_secs(30),
+        header_timeout: gateway.config.timeouts.caller_idle.0,
+        drain: Duration::from_secs(30),
+    }
+}
 
 /// Serves the gateway on `listener` until `shutdown`, then drains in-flight requests.
 /// Connections are served on the runtime this runs on.
@@ -465,7 +469,8 @@ pub async fn serve(
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    stanch_net::serve(listener, Front::new(gateway), None, LIMITS, shutdown).await;
+    let limits = limits(&gateway);
+    stanch_net::serve(listener, Front::new(gateway), None, limits, shutdown).await;
     Ok(())
 }
 
@@ -479,12 +484,13 @@ pub async fn serve_on(
 ) -> std::io::Result<()> {
     // Their connection counts show in the metrics.
     let _ = gateway.workers.set(workers.load());
+    let limits = limits(&gateway);
     stanch_net::serve_on(
         workers,
         listener,
         Front::new(gateway),
         None,
-        LIMITS,
+        limits,
         shutdown,
     )
     .await;

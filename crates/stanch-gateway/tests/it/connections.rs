@@ -170,3 +170,37 @@ async fn https_endpoints_are_trusted_through_the_configured_ca() {
         "counted against the endpoint"
     );
 }
+
+/// `timeouts.caller_idle` reaches the listener: a caller's kept-alive connection is
+/// closed once idle that long, and not before.
+#[tokio::test]
+async fn a_callers_idle_connection_closes_after_caller_idle() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = Upstream::start("qwen-72b", "a").await;
+    let policy = POLICY.replace("total: 10s}", "total: 10s, caller_idle: 500ms}");
+    let gw = gateway(&one(&policy), &[("a", &a)]).await;
+    let mut conn = tokio::net::TcpStream::connect(gw.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0; 4096];
+    let n = conn.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    let answered = tokio::time::Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0))),
+        "closed by the gateway: {closed:?}"
+    );
+    let idle = answered.elapsed();
+    assert!(
+        idle >= Duration::from_millis(400) && idle < Duration::from_secs(2),
+        "{idle:?}"
+    );
+}

@@ -217,27 +217,29 @@ async fn load(
 ) -> anyhow::Result<Load> {
     let start = Instant::now() + warmup;
     let stop = start + measure;
+    // Paced, each connection sends when told to by a pacer thread (below).
+    let (turns, mut pacer): (Vec<_>, Vec<_>) = (0..connections)
+        .map(|_| match pace {
+            Pace::Saturate => (None, None),
+            Pace::Rate(_) => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+                (Some(rx), Some(tx))
+            }
+        })
+        .unzip();
     let mut tasks = Vec::new();
-    for i in 0..connections {
+    for (i, mut turn) in turns.into_iter().enumerate() {
         let addr = addrs[i % addrs.len()].clone();
-        // Paced connections are staggered, so that they do not send in bursts.
-        let every = match pace {
-            Pace::Saturate => None,
-            Pace::Rate(rate) => Some(Duration::from_secs_f64(connections as f64 / rate)),
-        };
-        let mut due = Instant::now()
-            + every
-                .unwrap_or_default()
-                .mul_f64(i as f64 / connections as f64);
         tasks.push(tokio::spawn(async move {
             let mut conn = Conn::open(&addr, "/v1/chat/completions", body).await?;
             let mut latencies = Vec::with_capacity(100_000);
             let mut errors = 0u64;
             // Bounded in count as well as time.
             for _ in 0..2_000_000u64 {
-                if let Some(every) = every {
-                    tokio::time::sleep_until(due).await;
-                    due += every;
+                if let Some(turn) = &mut turn
+                    && turn.recv().await.is_none()
+                {
+                    break;
                 }
                 let sent = Instant::now();
                 if sent >= stop {
@@ -259,6 +261,28 @@ async fn load(
             }
             Ok::<_, std::io::Error>((latencies, errors))
         }));
+    }
+    // tokio's timers have a resolution of a millisecond: paced with them, 4,000
+    // requests a second leave in bursts of four, each queueing behind the others. A
+    // thread sleeping between turns (the kernel's timers, tens of microseconds) gives
+    // each connection its turn in rotation, evenly spaced.
+    if let Pace::Rate(rate) = pace {
+        let every = Duration::from_secs_f64(1.0 / rate);
+        let senders: Vec<_> = pacer.drain(..).flatten().collect();
+        std::thread::Builder::new()
+            .name("pacer".into())
+            .spawn(move || {
+                let mut due = Instant::now();
+                let turns = (stop - due).as_secs_f64() * rate;
+                for turn in senders.iter().cycle().take(turns as usize + 1) {
+                    due += every;
+                    if due >= stop {
+                        break;
+                    }
+                    std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                    let _ = turn.send(());
+                }
+            })?;
     }
     let mut all = Load {
         latencies: Vec::new(),

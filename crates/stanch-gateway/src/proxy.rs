@@ -175,7 +175,7 @@ pub(crate) fn with_route_version(gw: &Gateway, response: &mut Response) {
     let version = gw.table().map_or(0, |t| t.version);
     response
         .headers_mut()
-        .insert(&ROUTE_VERSION_HEADER, HeaderValue::from(version));
+        .insert(&ROUTE_VERSION_HEADER, version_value(version));
 }
 
 async fn route(
@@ -485,6 +485,19 @@ fn plan<'g>(
         );
     }
     out
+}
+
+/// `X-Stanch-Route-Version: <version>`, written once per version on each thread:
+/// every answer carries it, and the version changes rarely.
+fn version_value(version: u64) -> HeaderValue {
+    std::thread_local! {
+        static LAST: std::cell::RefCell<Option<(u64, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((v, value)) if *v == version => value.clone(),
+        _ => last.insert((version, HeaderValue::from(version))).1.clone(),
+    })
 }
 
 /// `X-Stanch-Attempts`'s value; the common counts without formatting or allocating.
@@ -958,7 +971,7 @@ fn finish(
     outcome: &'static str,
 ) -> Response {
     let h = response.headers_mut();
-    h.insert(&ROUTE_VERSION_HEADER, HeaderValue::from(ctx.version));
+    h.insert(&ROUTE_VERSION_HEADER, version_value(ctx.version));
     h.insert(&ATTEMPTS_HEADER, attempts_value(ctx.attempts));
     if ctx.degraded {
         h.insert(&DEGRADED_HEADER, HeaderValue::from_static("true"));
@@ -1113,8 +1126,17 @@ mod tests {
     use http_body_util::StreamBody;
     use hyper::body::Frame;
 
-    use super::{End, Relay, Unread, read_whole, table_block};
+    use super::{End, Relay, Unread, read_whole, table_block, version_value};
     use crate::endpoints::Endpoint;
+
+    #[test]
+    fn the_route_version_header_follows_the_version() {
+        assert_eq!(version_value(7), "7");
+        assert_eq!(version_value(7), "7", "the kept one");
+        assert_eq!(version_value(8), "8", "a new version");
+        assert_eq!(version_value(7), "7", "and back");
+        assert_eq!(version_value(u64::MAX), u64::MAX.to_string().as_str());
+    }
 
     /// A body of these frames (`None`: a trailers frame), then `end`.
     fn body(

@@ -64,7 +64,7 @@ impl Wheel {
             // seen by its first pass.
             slots.driver = Some(Waker::noop().clone());
             drop(slots);
-            tokio::spawn(drive(wheel.clone()));
+            tokio::spawn(drive(Stopped(wheel.clone())));
         } else {
             drop(slots);
         }
@@ -125,19 +125,21 @@ impl Slots {
     }
 }
 
+/// Marks a list as without a firing task when its task ends, its runtime having shut
+/// down, even if that was before the task first ran: it is the task's argument.
+struct Stopped(Arc<Wheel>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let mut slots = self.0.lock();
+        slots.driver = None;
+        slots.armed = None;
+    }
+}
+
 /// The task that fires a list's deadlines: it sleeps until the earliest, fires what
 /// has passed, and sleeps again; a registration earlier than its sleep wakes it.
-async fn drive(wheel: Arc<Wheel>) {
-    /// Marks the list as without a task when this one ends (its runtime shut down).
-    struct Stopped(Arc<Wheel>);
-    impl Drop for Stopped {
-        fn drop(&mut self) {
-            let mut slots = self.0.lock();
-            slots.driver = None;
-            slots.armed = None;
-        }
-    }
-    let stopped = Stopped(wheel);
+async fn drive(stopped: Stopped) {
     let mut sleep = std::pin::pin!(tokio::time::sleep_until(Instant::now()));
     std::future::poll_fn(|cx| {
         loop {
@@ -166,7 +168,9 @@ async fn drive(wheel: Arc<Wheel>) {
     .await;
 }
 
-/// A future that completes at `deadline`.
+/// A future that completes at `deadline`. Like tokio's, it is polled within a tokio
+/// runtime with time enabled (the first to wait on a thread starts that thread's
+/// firing task on it).
 pub fn sleep_until(deadline: Instant) -> Sleep {
     Sleep {
         deadline,
@@ -333,6 +337,16 @@ mod tests {
 
     #[test]
     fn deadlines_fire_on_a_runtime_started_after_another_stopped() {
+        // One that stops before its firing task ever ran.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            drop(Wheel::current());
+        });
+        drop(runtime);
+        // Then ones whose task ran.
         for _ in 0..2 {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()

@@ -162,70 +162,61 @@ fn key(
 /// starts in `s` (a value that may yet turn out malformed).
 #[inline(always)]
 pub(crate) fn walk(s: &[u8], mut on_key: impl FnMut(usize, &[u8], usize)) -> bool {
+    walk_values(s, &mut on_key).is_some()
+}
+
+/// [`walk`], with `None` for a document that is not JSON.
+#[inline(always)]
+fn walk_values(s: &[u8], on_key: &mut impl FnMut(usize, &[u8], usize)) -> Option<()> {
     let mut nesting = Nesting::default();
     let mut i = skip_ws(s, 0);
     loop {
         // A value starts at `i`.
-        let Some(&first) = s.get(i) else {
-            return false;
-        };
-        let end = match first {
+        i = match *s.get(i)? {
             b'{' => {
                 let inner = skip_ws(s, i + 1);
                 if s.get(inner) == Some(&b'}') {
-                    Some(inner + 1)
+                    inner + 1
                 } else {
                     nesting.push(true);
-                    match key(s, inner, nesting.depth, &mut on_key) {
-                        Some(value) => {
-                            i = value;
-                            continue;
-                        }
-                        None => return false,
-                    }
+                    i = key(s, inner, nesting.depth, on_key)?;
+                    continue;
                 }
             }
             b'[' => {
                 let inner = skip_ws(s, i + 1);
                 if s.get(inner) == Some(&b']') {
-                    Some(inner + 1)
+                    inner + 1
                 } else {
                     nesting.push(false);
                     i = inner;
                     continue;
                 }
             }
-            b'"' => string_end(s, i + 1),
-            b't' if s[i..].starts_with(b"true") => Some(i + 4),
-            b'f' if s[i..].starts_with(b"false") => Some(i + 5),
-            b'n' if s[i..].starts_with(b"null") => Some(i + 4),
-            b'-' | b'0'..=b'9' => number_end(s, i),
-            _ => None,
+            b'"' => string_end(s, i + 1)?,
+            b't' if s[i..].starts_with(b"true") => i + 4,
+            b'f' if s[i..].starts_with(b"false") => i + 5,
+            b'n' if s[i..].starts_with(b"null") => i + 4,
+            b'-' | b'0'..=b'9' => number_end(s, i)?,
+            _ => return None,
         };
-        let Some(end) = end else {
-            return false;
-        };
-        i = end;
         // After a value: containers close, or a comma leads to the next value.
         loop {
             i = skip_ws(s, i);
             let Some(object) = nesting.top() else {
-                return i == s.len();
+                return (i == s.len()).then_some(());
             };
-            match s.get(i) {
-                Some(b',') => {
+            match *s.get(i)? {
+                b',' => {
                     i = skip_ws(s, i + 1);
                     if object {
-                        match key(s, i, nesting.depth, &mut on_key) {
-                            Some(value) => i = value,
-                            None => return false,
-                        }
+                        i = key(s, i, nesting.depth, on_key)?;
                     }
                     break;
                 }
-                Some(b'}') if object => {}
-                Some(b']') if !object => {}
-                _ => return false,
+                b'}' if object => {}
+                b']' if !object => {}
+                _ => return None,
             }
             nesting.pop();
             i += 1;

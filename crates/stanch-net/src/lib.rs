@@ -660,7 +660,6 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
 
-    /// Sends one request on an open connection; returns the body of the answer.
     /// hyper's header-read timeout runs from when a connection starts waiting for a
     /// request: it also closes a kept-alive connection left idle that long.
     #[tokio::test]
@@ -683,6 +682,38 @@ mod tests {
         );
     }
 
+    /// A listener serving `app` on two workers until `stop` is sent; `serving` ends
+    /// when it has drained.
+    struct OnWorkers {
+        workers: std::sync::Arc<super::Workers>,
+        addr: std::net::SocketAddr,
+        stop: tokio::sync::oneshot::Sender<()>,
+        serving: tokio::task::JoinHandle<()>,
+    }
+
+    async fn on_workers(app: axum::Router, name: &str, limits: super::ConnLimits) -> OnWorkers {
+        let workers = std::sync::Arc::new(super::Workers::start(2, name).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = {
+            let workers = workers.clone();
+            tokio::spawn(async move {
+                super::serve_on(&workers, listener, app, None, limits, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            })
+        };
+        OnWorkers {
+            workers,
+            addr,
+            stop,
+            serving,
+        }
+    }
+
+    /// Sends one request on an open connection; returns the body of the answer.
     async fn ask(conn: &mut tokio::net::TcpStream) -> String {
         conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -718,19 +749,12 @@ mod tests {
                 format!("{:?} {:?}", super::worker_index(), spawned)
             }),
         );
-        let workers = std::sync::Arc::new(super::Workers::start(2, "test-worker").unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = {
-            let workers = workers.clone();
-            tokio::spawn(async move {
-                super::serve_on(&workers, listener, app, None, Default::default(), async {
-                    let _ = stopped.await;
-                })
-                .await;
-            })
-        };
+        let OnWorkers {
+            workers,
+            addr,
+            stop,
+            serving,
+        } = on_workers(app, "test-worker", Default::default()).await;
         let mut conns = Vec::new();
         let mut served = Vec::new();
         for _ in 0..4 {
@@ -788,23 +812,16 @@ mod tests {
                     }),
                 )
         };
-        let workers = std::sync::Arc::new(super::Workers::start(2, "test-drain").unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let limits = super::ConnLimits {
             drain: Duration::from_secs(2),
             ..Default::default()
         };
-        let serving = {
-            let workers = workers.clone();
-            tokio::spawn(async move {
-                super::serve_on(&workers, listener, app, None, limits, async {
-                    let _ = stopped.await;
-                })
-                .await;
-            })
-        };
+        let OnWorkers {
+            addr,
+            stop,
+            serving,
+            ..
+        } = on_workers(app, "test-drain", limits).await;
         let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
         slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -851,23 +868,16 @@ mod tests {
     #[tokio::test]
     async fn at_shutdown_idle_connections_close_at_once() {
         let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let workers = std::sync::Arc::new(super::Workers::start(2, "test-idle").unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let limits = super::ConnLimits {
             drain: Duration::from_secs(10),
             ..Default::default()
         };
-        let serving = {
-            let workers = workers.clone();
-            tokio::spawn(async move {
-                super::serve_on(&workers, listener, app, None, limits, async {
-                    let _ = stopped.await;
-                })
-                .await;
-            })
-        };
+        let OnWorkers {
+            workers,
+            addr,
+            stop,
+            serving,
+        } = on_workers(app, "test-idle", limits).await;
         // Kept alive after an answer each, and one that never sent a byte.
         let mut idle = Vec::new();
         for _ in 0..3 {

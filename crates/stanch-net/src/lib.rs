@@ -273,30 +273,53 @@ struct Watch {
 
 impl Watch {
     /// Serves `conn` to its end, asking it to finish once the drain closes.
-    async fn serve<C: GracefulConnection>(self, conn: C) -> C::Output {
-        let mut conn = std::pin::pin!(conn);
-        let mut told = false;
-        let mut waker: Option<std::task::Waker> = None;
-        std::future::poll_fn(|cx| {
-            use std::sync::atomic::Ordering;
-            if waker.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
-                // Stored before the flag is read: a close that comes after this
-                // either sees the waker or is seen below.
-                let w = cx.waker().clone();
-                self.drain
-                    .conns
-                    .lock()
-                    .expect("drain lock")
-                    .insert(self.id, w.clone());
-                waker = Some(w);
-            }
-            if !told && self.drain.closing.load(Ordering::SeqCst) {
-                told = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            conn.as_mut().poll(cx)
-        })
-        .await
+    fn serve<C: GracefulConnection>(self, conn: C) -> Watched<C> {
+        Watched {
+            conn,
+            watch: self,
+            told: false,
+            waker: None,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A connection served under a [`Watch`]. A struct rather than an `async fn`: the
+    /// connection is hyper's whole per-connection state, and an `async fn` would keep
+    /// its argument and its pinned copy both, twice the memory per connection.
+    struct Watched<C> {
+        #[pin]
+        conn: C,
+        watch: Watch,
+        told: bool,
+        // The waker last stored in the drain.
+        waker: Option<std::task::Waker>,
+    }
+}
+
+impl<C: GracefulConnection> Future for Watched<C> {
+    type Output = C::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
+        use std::sync::atomic::Ordering;
+        let mut this = self.project();
+        if this.waker.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
+            // Stored before the flag is read: a close that comes after this either
+            // sees the waker or is seen below.
+            let w = cx.waker().clone();
+            this.watch
+                .drain
+                .conns
+                .lock()
+                .expect("drain lock")
+                .insert(this.watch.id, w.clone());
+            *this.waker = Some(w);
+        }
+        if !*this.told && this.watch.drain.closing.load(Ordering::SeqCst) {
+            *this.told = true;
+            this.conn.as_mut().graceful_shutdown();
+        }
+        this.conn.poll(cx)
     }
 }
 

@@ -254,16 +254,33 @@ pub struct Elapsed;
 
 /// Runs `future` until `deadline`: `Err(Elapsed)` if the deadline comes first. The
 /// future is polled first on every poll, so one ready at its deadline wins.
-pub async fn timeout_at<F: Future>(deadline: Instant, future: F) -> Result<F::Output, Elapsed> {
-    let mut future = std::pin::pin!(future);
-    let mut sleep = std::pin::pin!(sleep_until(deadline));
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(output) = future.as_mut().poll(cx) {
+pub fn timeout_at<F: Future>(deadline: Instant, future: F) -> Timeout<F> {
+    Timeout {
+        future,
+        sleep: sleep_until(deadline),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`timeout_at`]. A struct rather than an `async fn`, which would hold the
+    /// future it guards twice (its argument and its pinned copy).
+    pub struct Timeout<F> {
+        #[pin]
+        future: F,
+        sleep: Sleep,
+    }
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        sleep.as_mut().poll(cx).map(|()| Err(Elapsed))
-    })
-    .await
+        Pin::new(this.sleep).poll(cx).map(|()| Err(Elapsed))
+    }
 }
 
 #[cfg(test)]

@@ -70,6 +70,10 @@ struct Health {
     /// Latency estimate and when it was last updated; `None` until the first sample.
     ewma_ms: Option<(f64, Instant)>,
     consecutive: u32,
+    /// When the current run of failures was first seen. A success ends the run only
+    /// if its request went out after that: one sent before may have been answered
+    /// before the fault began, and says nothing of the endpoint now.
+    run_began: Option<Instant>,
     /// The longest run of failures since the last outcome report: a block resets the
     /// run, and the controller must still hear how long it was.
     peak_streak: u32,
@@ -221,6 +225,7 @@ impl Endpoint {
         h.blocked_until = None;
         h.block_ended = Some(now);
         h.consecutive = 0;
+        h.run_began = None;
         h.probe_streak = 0;
         true
     }
@@ -293,7 +298,11 @@ impl Endpoint {
             let mut h = self.health.lock().expect("endpoint lock");
             if matches!(outcome, Outcome::Success) {
                 h.sample(latency.as_secs_f64() * 1e3, now);
-                h.consecutive = 0;
+                let sent = now.checked_sub(latency).unwrap_or(now);
+                if h.run_began.is_none_or(|began| sent >= began) {
+                    h.consecutive = 0;
+                    h.run_began = None;
+                }
                 h.successes += 1;
                 h.last_success = Some(wall);
                 h.window.add(now, true, policy.window.0);
@@ -302,6 +311,9 @@ impl Endpoint {
         }
         let mut h = self.health.lock().expect("endpoint lock");
         h.sample((latency.as_secs_f64() * 1e3).max(FAILURE_PENALTY_MS), now);
+        if h.consecutive == 0 {
+            h.run_began = Some(now);
+        }
         h.consecutive += 1;
         h.peak_streak = h.peak_streak.max(h.consecutive);
         h.failures += 1;
@@ -356,6 +368,7 @@ impl Endpoint {
         h.block_ended = Some(now + ttl);
         h.last_block = Some(now);
         h.consecutive = 0;
+        h.run_began = None;
         h.window = Window::default();
         Some(NewBlock {
             ttl,
@@ -628,6 +641,49 @@ mod tests {
         assert_eq!(e.report_counts(), (2, 4, 1));
     }
 
+    /// Requests already out when an endpoint starts failing may come back well: the
+    /// upstream answered them before the fault. They do not end the run of failures;
+    /// a success sent after the first failure was seen does.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_success_sent_after_the_failures_began_ends_their_run() {
+        let e = ep("http://a", false);
+        let p = policy();
+        let start = Instant::now();
+        let fail = Outcome::ServerError(503);
+        let at = |ms| start + Duration::from_millis(ms);
+        e.record(&fail, Duration::from_millis(5), &p, at(100), Timestamp(0));
+        // Sent at 90 ms, before the first failure was seen at 100 ms.
+        e.record(
+            &Outcome::Success,
+            Duration::from_millis(20),
+            &p,
+            at(110),
+            Timestamp(0),
+        );
+        assert_eq!(e.counts().2, 1, "the run goes on");
+        let b = e.record(&fail, Duration::from_millis(5), &p, at(120), Timestamp(0));
+        assert!(b.is_none());
+        let b = e.record(&fail, Duration::from_millis(5), &p, at(130), Timestamp(0));
+        assert_eq!(
+            b.map(|b| b.trigger),
+            Some("consecutive_failures"),
+            "three in a row"
+        );
+
+        // After the block: a success sent after a new run began ends it.
+        let later = at(130) + Duration::from_secs(120);
+        e.record(&fail, Duration::from_millis(5), &p, later, Timestamp(0));
+        let then = later + Duration::from_millis(50);
+        e.record(
+            &Outcome::Success,
+            Duration::from_millis(20),
+            &p,
+            then,
+            Timestamp(0),
+        );
+        assert_eq!(e.counts().2, 0, "sent 30 ms after the failure");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn consecutive_failures_block_with_backoff() {
         let e = ep("http://a", false);
@@ -689,11 +745,12 @@ mod tests {
             now,
             Timestamp(0),
         );
+        // Sent after the failure was seen, so it ends the run.
         e.record(
             &Outcome::Success,
             Duration::from_millis(5),
             &p,
-            now,
+            now + Duration::from_millis(10),
             Timestamp(0),
         );
         e.record(

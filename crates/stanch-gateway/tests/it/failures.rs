@@ -600,3 +600,58 @@ async fn a_whole_answer_over_the_size_limit_is_a_failed_attempt() {
     assert!(r.headers().get("x-llm-degraded").is_none());
     assert!(r.text().await.unwrap().ends_with("data: [DONE]\n\n"));
 }
+
+/// Requests already out when an endpoint starts failing come back well (the upstream
+/// took them before the fault); they must not reset its run of failures, or an
+/// endpoint failing every new request is never blocked while old answers trickle in.
+#[tokio::test]
+async fn answers_to_requests_sent_before_a_fault_do_not_reset_its_failure_run() {
+    let a = Upstream::start("qwen-72b", "dc-a").await;
+    let b = Upstream::start("qwen-72b", "dc-b").await;
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    faq: default\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{{a}}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{{b}}'}}]}}\n{policy}",
+        policy = POLICY.replace("first_byte: 400ms", "first_byte: 5s")
+    );
+    let gw = std::sync::Arc::new(gateway(&yaml, &[("a", &a), ("b", &b)]).await);
+    // Three slow answers on their way from dc-a...
+    a.fault(json!({"kind": "latency", "ms": 1000, "count": 3}));
+    let slow: Vec<_> = (0..3)
+        .map(|_| {
+            let gw = gw.clone();
+            tokio::spawn(async move { gw.chat("qwen-72b", false).await.status() })
+        })
+        .collect();
+    let arrived = Instant::now();
+    while a.requests() < 3 {
+        assert!(
+            arrived.elapsed() < Duration::from_millis(800),
+            "sent to dc-a"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // ...when it starts failing every new request: one failure, retried on dc-b.
+    a.fault(json!({"kind": "status", "status": 503}));
+    assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    assert_eq!(a.requests(), 4);
+    for s in slow {
+        assert_eq!(s.await.unwrap(), 200, "answered well by dc-a");
+    }
+    // The run of failures goes on: two more reach the threshold (3), not three.
+    for _ in 0..5 {
+        assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    }
+    assert_eq!(
+        a.requests(),
+        6,
+        "dc-a blocked after its third failure in a row"
+    );
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "stanch_gateway_endpoint_blocked_locally",
+            &[("pool", "dc-a")]
+        ),
+        1.0
+    );
+}

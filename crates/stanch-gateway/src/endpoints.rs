@@ -285,10 +285,13 @@ impl Endpoint {
         }
     }
 
-    /// Records an attempt's outcome; returns the block it triggered, if any.
+    /// Records the outcome, known at `now`, of an attempt sent at `sent`, with the
+    /// latency it is judged by (a stream's time to first token); returns the block it
+    /// triggered, if any.
     pub fn record(
         &self,
         outcome: &Outcome,
+        sent: Instant,
         latency: Duration,
         policy: &BlockingPolicy,
         now: Instant,
@@ -298,7 +301,6 @@ impl Endpoint {
             let mut h = self.health.lock().expect("endpoint lock");
             if matches!(outcome, Outcome::Success) {
                 h.sample(latency.as_secs_f64() * 1e3, now);
-                let sent = now.checked_sub(latency).unwrap_or(now);
                 if h.run_began.is_none_or(|began| sent >= began) {
                     h.consecutive = 0;
                     h.run_began = None;
@@ -628,16 +630,30 @@ mod tests {
         let e = ep("http://a", false);
         let (p, now) = (policy(), Instant::now());
         let fail = Outcome::ServerError(503);
-        e.record(&Outcome::Success, Duration::ZERO, &p, now, Timestamp(0));
+        e.record(
+            &Outcome::Success,
+            now,
+            Duration::ZERO,
+            &p,
+            now,
+            Timestamp(0),
+        );
         for _ in 0..3 {
-            e.record(&fail, Duration::ZERO, &p, now, Timestamp(0));
+            e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0));
         }
         assert!(e.blocked(now).is_some());
         assert_eq!(e.counts(), (1, 3, 0), "the block ended the run");
         assert_eq!(e.report_counts(), (1, 3, 3), "the report still carries it");
         assert_eq!(e.report_counts(), (1, 3, 0), "once");
-        e.record(&fail, Duration::ZERO, &p, now, Timestamp(0));
-        e.record(&Outcome::Success, Duration::ZERO, &p, now, Timestamp(0));
+        e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0));
+        e.record(
+            &Outcome::Success,
+            now,
+            Duration::ZERO,
+            &p,
+            now,
+            Timestamp(0),
+        );
         assert_eq!(e.report_counts(), (2, 4, 1));
     }
 
@@ -651,19 +667,41 @@ mod tests {
         let start = Instant::now();
         let fail = Outcome::ServerError(503);
         let at = |ms| start + Duration::from_millis(ms);
-        e.record(&fail, Duration::from_millis(5), &p, at(100), Timestamp(0));
+        e.record(
+            &fail,
+            at(100) - Duration::from_millis(5),
+            Duration::from_millis(5),
+            &p,
+            at(100),
+            Timestamp(0),
+        );
         // Sent at 90 ms, before the first failure was seen at 100 ms.
         e.record(
             &Outcome::Success,
+            at(110) - Duration::from_millis(20),
             Duration::from_millis(20),
             &p,
             at(110),
             Timestamp(0),
         );
         assert_eq!(e.counts().2, 1, "the run goes on");
-        let b = e.record(&fail, Duration::from_millis(5), &p, at(120), Timestamp(0));
+        let b = e.record(
+            &fail,
+            at(120) - Duration::from_millis(5),
+            Duration::from_millis(5),
+            &p,
+            at(120),
+            Timestamp(0),
+        );
         assert!(b.is_none());
-        let b = e.record(&fail, Duration::from_millis(5), &p, at(130), Timestamp(0));
+        let b = e.record(
+            &fail,
+            at(130) - Duration::from_millis(5),
+            Duration::from_millis(5),
+            &p,
+            at(130),
+            Timestamp(0),
+        );
         assert_eq!(
             b.map(|b| b.trigger),
             Some("consecutive_failures"),
@@ -672,10 +710,18 @@ mod tests {
 
         // After the block: a success sent after a new run began ends it.
         let later = at(130) + Duration::from_secs(120);
-        e.record(&fail, Duration::from_millis(5), &p, later, Timestamp(0));
+        e.record(
+            &fail,
+            later - Duration::from_millis(5),
+            Duration::from_millis(5),
+            &p,
+            later,
+            Timestamp(0),
+        );
         let then = later + Duration::from_millis(50);
         e.record(
             &Outcome::Success,
+            then - Duration::from_millis(20),
             Duration::from_millis(20),
             &p,
             then,
@@ -691,15 +737,15 @@ mod tests {
         let now = Instant::now();
         let fail = Outcome::ServerError(503);
         assert!(
-            e.record(&fail, Duration::ZERO, &p, now, Timestamp(0))
+            e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0))
                 .is_none()
         );
         assert!(
-            e.record(&fail, Duration::ZERO, &p, now, Timestamp(0))
+            e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0))
                 .is_none()
         );
         let b = e
-            .record(&fail, Duration::ZERO, &p, now, Timestamp(0))
+            .record(&fail, now, Duration::ZERO, &p, now, Timestamp(0))
             .expect("third failure blocks");
         assert_eq!(
             (b.ttl, b.strikes, b.trigger),
@@ -709,10 +755,10 @@ mod tests {
         let later = now + Duration::from_secs(61);
         assert!(e.blocked(later).is_none());
         for _ in 0..2 {
-            e.record(&fail, Duration::ZERO, &p, later, Timestamp(0));
+            e.record(&fail, later, Duration::ZERO, &p, later, Timestamp(0));
         }
         let b = e
-            .record(&fail, Duration::ZERO, &p, later, Timestamp(0))
+            .record(&fail, later, Duration::ZERO, &p, later, Timestamp(0))
             .unwrap();
         assert_eq!(
             (b.ttl, b.strikes),
@@ -730,6 +776,7 @@ mod tests {
             assert!(
                 e.record(
                     &Outcome::CallerFault(400),
+                    now,
                     Duration::ZERO,
                     &p,
                     now,
@@ -740,6 +787,7 @@ mod tests {
         }
         e.record(
             &Outcome::ServerError(500),
+            now,
             Duration::ZERO,
             &p,
             now,
@@ -748,6 +796,7 @@ mod tests {
         // Sent after the failure was seen, so it ends the run.
         e.record(
             &Outcome::Success,
+            now + Duration::from_millis(10) - Duration::from_millis(5),
             Duration::from_millis(5),
             &p,
             now + Duration::from_millis(10),
@@ -755,6 +804,7 @@ mod tests {
         );
         e.record(
             &Outcome::ServerError(500),
+            now,
             Duration::ZERO,
             &p,
             now,
@@ -763,6 +813,7 @@ mod tests {
         assert!(
             e.record(
                 &Outcome::ServerError(500),
+                now,
                 Duration::ZERO,
                 &p,
                 now,
@@ -784,13 +835,41 @@ mod tests {
             ..BlockingPolicy::default()
         };
         let e = ep("http://a", false);
-        e.record(&Outcome::Success, Duration::ZERO, &rate, now, Timestamp(0));
-        e.record(&Outcome::Connect, Duration::ZERO, &rate, now, Timestamp(0));
-        e.record(&Outcome::Success, Duration::ZERO, &rate, now, Timestamp(0));
+        e.record(
+            &Outcome::Success,
+            now,
+            Duration::ZERO,
+            &rate,
+            now,
+            Timestamp(0),
+        );
+        e.record(
+            &Outcome::Connect,
+            now,
+            Duration::ZERO,
+            &rate,
+            now,
+            Timestamp(0),
+        );
+        e.record(
+            &Outcome::Success,
+            now,
+            Duration::ZERO,
+            &rate,
+            now,
+            Timestamp(0),
+        );
         assert_eq!(
-            e.record(&Outcome::Connect, Duration::ZERO, &rate, now, Timestamp(0))
-                .unwrap()
-                .trigger,
+            e.record(
+                &Outcome::Connect,
+                now,
+                Duration::ZERO,
+                &rate,
+                now,
+                Timestamp(0)
+            )
+            .unwrap()
+            .trigger,
             "failure_rate"
         );
 
@@ -801,22 +880,43 @@ mod tests {
         let c = ep("http://canary-1", false);
         for _ in 0..5 {
             assert!(
-                c.record(&Outcome::Connect, Duration::ZERO, &never, now, Timestamp(0))
-                    .is_none()
+                c.record(
+                    &Outcome::Connect,
+                    now,
+                    Duration::ZERO,
+                    &never,
+                    now,
+                    Timestamp(0)
+                )
+                .is_none()
             );
         }
 
         let alone = ep("http://solo", true);
         let p = policy();
         for _ in 0..3 {
-            alone.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+            alone.record(
+                &Outcome::Connect,
+                now,
+                Duration::ZERO,
+                &p,
+                now,
+                Timestamp(0),
+            );
         }
         assert!(alone.blocked(now).is_some(), "a first block is allowed");
         let later = now + Duration::from_secs(61);
         for _ in 0..3 {
             assert!(
                 alone
-                    .record(&Outcome::Connect, Duration::ZERO, &p, later, Timestamp(0))
+                    .record(
+                        &Outcome::Connect,
+                        later,
+                        Duration::ZERO,
+                        &p,
+                        later,
+                        Timestamp(0)
+                    )
                     .is_none()
             );
         }
@@ -838,6 +938,7 @@ mod tests {
         for _ in 0..5 {
             fast.record(
                 &Outcome::Success,
+                now - Duration::from_millis(5),
                 Duration::from_millis(5),
                 &p,
                 now,
@@ -845,6 +946,7 @@ mod tests {
             );
             slow.record(
                 &Outcome::Success,
+                now - Duration::from_millis(500),
                 Duration::from_millis(500),
                 &p,
                 now,
@@ -852,7 +954,14 @@ mod tests {
             );
         }
         for _ in 0..3 {
-            blocked.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+            blocked.record(
+                &Outcome::Connect,
+                now,
+                Duration::ZERO,
+                &p,
+                now,
+                Timestamp(0),
+            );
         }
         let all = [&fast, &slow, &blocked];
         let mut fast_picks = 0;
@@ -882,7 +991,14 @@ mod tests {
         // Every candidate blocked: the one whose block ends soonest, whoever made it.
         let (local, by_table) = (ep("http://local", false), ep("http://by-table", false));
         for _ in 0..3 {
-            local.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+            local.record(
+                &Outcome::Connect,
+                now,
+                Duration::ZERO,
+                &p,
+                now,
+                Timestamp(0),
+            );
         }
         let table = |e: &Endpoint| (e.url == "http://by-table").then_some(Duration::from_secs(300));
         let (e, all_blocked) = choose(&[&local, &by_table], table, now, Duration::ZERO).unwrap();
@@ -907,6 +1023,7 @@ mod tests {
         for _ in 0..2 {
             e.record(
                 &Outcome::Connect,
+                now,
                 Duration::ZERO,
                 &window,
                 now,
@@ -914,6 +1031,7 @@ mod tests {
             );
             e.record(
                 &Outcome::Success,
+                now,
                 Duration::ZERO,
                 &window,
                 now,
@@ -923,6 +1041,7 @@ mod tests {
         let block = e
             .record(
                 &Outcome::Connect,
+                now,
                 Duration::ZERO,
                 &window,
                 now,
@@ -935,6 +1054,7 @@ mod tests {
         let f = ep("http://b", false);
         f.record(
             &Outcome::Connect,
+            now,
             Duration::ZERO,
             &window,
             now,
@@ -942,6 +1062,7 @@ mod tests {
         );
         f.record(
             &Outcome::Connect,
+            now,
             Duration::ZERO,
             &window,
             now,
@@ -951,6 +1072,7 @@ mod tests {
         assert!(
             f.record(
                 &Outcome::Connect,
+                later,
                 Duration::ZERO,
                 &window,
                 later,
@@ -969,6 +1091,7 @@ mod tests {
         for e in [&heavy, &light] {
             e.record(
                 &Outcome::Success,
+                now - Duration::from_millis(50),
                 Duration::from_millis(50),
                 &p,
                 now,
@@ -989,12 +1112,20 @@ mod tests {
         let back = ep("http://back", false);
         let peer = ep("http://peer", false);
         for _ in 0..3 {
-            back.record(&Outcome::Connect, Duration::ZERO, &p, now, Timestamp(0));
+            back.record(
+                &Outcome::Connect,
+                now,
+                Duration::ZERO,
+                &p,
+                now,
+                Timestamp(0),
+            );
         }
         let ended = now + Duration::from_secs(61);
         for e in [&back, &peer] {
             e.record(
                 &Outcome::Success,
+                ended - Duration::from_millis(50),
                 Duration::from_millis(50),
                 &p,
                 ended,

@@ -528,17 +528,19 @@ fn backoff(gw: &Gateway, attempts: u32) -> Duration {
 }
 
 /// Counts the outcome of an attempt sent at `sent`, ending now, and feeds it to the
-/// endpoint's passive blocking.
+/// endpoint's passive blocking; its latency is the time since `sent`.
 fn record(gw: &Gateway, endpoint: &Endpoint, outcome: &Outcome, sent: Instant) {
     let now = Instant::now();
-    record_at(gw, endpoint, outcome, now.duration_since(sent), now);
+    record_with_latency(gw, endpoint, outcome, sent, now.duration_since(sent), now);
 }
 
-/// As [`record`], for an outcome known at `now` with the endpoint's latency given.
-fn record_at(
+/// As [`record`], with the latency the endpoint is judged by given (a stream's is its
+/// time to first token, however long the answer then took).
+fn record_with_latency(
     gw: &Gateway,
     endpoint: &Endpoint,
     outcome: &Outcome,
+    sent: Instant,
     latency: Duration,
     now: Instant,
 ) {
@@ -558,8 +560,8 @@ fn record_at(
                 .inc();
         }
     }
-    if let Some(block) = endpoint.record(outcome, latency, &gw.config.blocking, now, gw.clock.now())
-    {
+    let blocking = &gw.config.blocking;
+    if let Some(block) = endpoint.record(outcome, sent, latency, blocking, now, gw.clock.now()) {
         gw.metrics
             .blocks
             .get_or_create(&KindLabel {
@@ -813,8 +815,7 @@ async fn stream(
         if outcome != Outcome::Success {
             pass(&tx, error_event(&outcome)).await;
         }
-        // A stream's latency, for choosing endpoints, is its time to first token.
-        record_at(&gw, &endpoint, &outcome, ttft, Instant::now());
+        record_with_latency(&gw, &endpoint, &outcome, sent, ttft, Instant::now());
         if let Some((latency, _)) = &histograms {
             latency.observe(started.elapsed().as_secs_f64());
         }

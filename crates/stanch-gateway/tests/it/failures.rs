@@ -604,21 +604,42 @@ async fn a_whole_answer_over_the_size_limit_is_a_failed_attempt() {
 /// Requests already out when an endpoint starts failing come back well (the upstream
 /// took them before the fault); they must not reset its run of failures, or an
 /// endpoint failing every new request is never blocked while old answers trickle in.
+/// Non-streamed: slow answers. Streamed: answers whose first token came at once but
+/// whose last comes much later, which is how LLM streams outlive the start of a fault.
 #[tokio::test]
 async fn answers_to_requests_sent_before_a_fault_do_not_reset_its_failure_run() {
-    let a = Upstream::start("qwen-72b", "dc-a").await;
+    for stream in [false, true] {
+        answers_before_a_fault(stream).await;
+    }
+}
+
+async fn answers_before_a_fault(stream: bool) {
+    let mut config = MockConfig::new("qwen-72b", "dc-a");
+    if stream {
+        // Four tokens and the end, 200 ms apart.
+        config.token_interval = Duration::from_millis(200);
+    }
+    let a = Upstream::with(config).await;
     let b = Upstream::start("qwen-72b", "dc-b").await;
     let yaml = format!(
         "models:\n  qwen-72b:\n    faq: default\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{{a}}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{{b}}'}}]}}\n{policy}",
-        policy = POLICY.replace("first_byte: 400ms", "first_byte: 5s")
+        policy = POLICY.replace(
+            "first_byte: 400ms, first_token: 400ms",
+            "first_byte: 5s, first_token: 5s"
+        )
     );
     let gw = std::sync::Arc::new(gateway(&yaml, &[("a", &a), ("b", &b)]).await);
     // Three slow answers on their way from dc-a...
-    a.fault(json!({"kind": "latency", "ms": 1000, "count": 3}));
+    if !stream {
+        a.fault(json!({"kind": "latency", "ms": 1000, "count": 3}));
+    }
     let slow: Vec<_> = (0..3)
         .map(|_| {
             let gw = gw.clone();
-            tokio::spawn(async move { gw.chat("qwen-72b", false).await.status() })
+            tokio::spawn(async move {
+                let r = gw.chat("qwen-72b", stream).await;
+                (r.status(), r.text().await.unwrap())
+            })
         })
         .collect();
     let arrived = Instant::now();
@@ -634,7 +655,11 @@ async fn answers_to_requests_sent_before_a_fault_do_not_reset_its_failure_run() 
     assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
     assert_eq!(a.requests(), 4);
     for s in slow {
-        assert_eq!(s.await.unwrap(), 200, "answered well by dc-a");
+        let (status, text) = s.await.unwrap();
+        assert_eq!(status, 200, "answered well by dc-a");
+        if stream {
+            assert!(text.ends_with("data: [DONE]\n\n"), "whole: {text}");
+        }
     }
     // The run of failures goes on: two more reach the threshold (3), not three.
     for _ in 0..5 {
@@ -643,7 +668,7 @@ async fn answers_to_requests_sent_before_a_fault_do_not_reset_its_failure_run() 
     assert_eq!(
         a.requests(),
         6,
-        "dc-a blocked after its third failure in a row"
+        "dc-a blocked after its third failure in a row (stream: {stream})"
     );
     let metrics = gw.metrics().await;
     assert_eq!(

@@ -69,11 +69,8 @@ pub(crate) struct HotCounters {
 struct Health {
     /// Latency estimate and when it was last updated; `None` until the first sample.
     ewma_ms: Option<(f64, Instant)>,
-    consecutive: u32,
-    /// When the current run of failures was first seen. A success ends the run only
-    /// if its request went out after that: one sent before may have been answered
-    /// before the fault began, and says nothing of the endpoint now.
-    run_began: Option<Instant>,
+    /// The current run of failures, if one is going on.
+    run: Option<Run>,
     /// The longest run of failures since the last outcome report: a block resets the
     /// run, and the controller must still hear how long it was.
     peak_streak: u32,
@@ -88,6 +85,15 @@ struct Health {
     probe_streak: u32,
     last_success: Option<Timestamp>,
     last_failure: Option<(Timestamp, &'static str)>,
+}
+
+/// Failures in a row, and when the first of them was seen. A success ends the run
+/// only if its request went out after that: one sent before may have been answered
+/// before the fault began, and says nothing of the endpoint now.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    began: Instant,
+    failures: u32,
 }
 
 /// A block the endpoint just got.
@@ -224,8 +230,7 @@ impl Endpoint {
         // Lifted early; the slow start ramps its share up from here.
         h.blocked_until = None;
         h.block_ended = Some(now);
-        h.consecutive = 0;
-        h.run_began = None;
+        h.run = None;
         h.probe_streak = 0;
         true
     }
@@ -233,7 +238,7 @@ impl Endpoint {
     /// Totals so far and the current run of failures: (successes, failures, consecutive).
     pub fn counts(&self) -> (u64, u64, u32) {
         let h = self.health.lock().expect("endpoint lock");
-        (h.successes, h.failures, h.consecutive)
+        (h.successes, h.failures, h.consecutive())
     }
 
     /// For an outcome report: totals so far and the longest run of failures since the
@@ -241,8 +246,8 @@ impl Endpoint {
     /// longest run).
     pub fn report_counts(&self) -> (u64, u64, u32) {
         let mut h = self.health.lock().expect("endpoint lock");
-        let peak = h.peak_streak.max(h.consecutive);
-        h.peak_streak = h.consecutive;
+        let peak = h.peak_streak.max(h.consecutive());
+        h.peak_streak = h.consecutive();
         (h.successes, h.failures, peak)
     }
 
@@ -251,7 +256,7 @@ impl Endpoint {
     /// at a time, not a burst.
     fn suspect_busy(&self) -> bool {
         self.in_flight.load(Ordering::Relaxed) > 0
-            && self.health.lock().expect("endpoint lock").consecutive > 0
+            && self.health.lock().expect("endpoint lock").run.is_some()
     }
 
     /// Whether a local block holds at `now`.
@@ -301,9 +306,8 @@ impl Endpoint {
             let mut h = self.health.lock().expect("endpoint lock");
             if matches!(outcome, Outcome::Success) {
                 h.sample(latency.as_secs_f64() * 1e3, now);
-                if h.run_began.is_none_or(|began| sent >= began) {
-                    h.consecutive = 0;
-                    h.run_began = None;
+                if h.run.is_some_and(|run| sent >= run.began) {
+                    h.run = None;
                 }
                 h.successes += 1;
                 h.last_success = Some(wall);
@@ -313,11 +317,13 @@ impl Endpoint {
         }
         let mut h = self.health.lock().expect("endpoint lock");
         h.sample((latency.as_secs_f64() * 1e3).max(FAILURE_PENALTY_MS), now);
-        if h.consecutive == 0 {
-            h.run_began = Some(now);
-        }
-        h.consecutive += 1;
-        h.peak_streak = h.peak_streak.max(h.consecutive);
+        let run = h.run.get_or_insert(Run {
+            began: now,
+            failures: 0,
+        });
+        run.failures += 1;
+        let in_a_row = run.failures;
+        h.peak_streak = h.peak_streak.max(in_a_row);
         h.failures += 1;
         h.last_failure = Some((wall, outcome.label()));
         h.window.add(now, false, policy.window.0);
@@ -336,19 +342,19 @@ impl Endpoint {
         }
         let (successes, failures) = h.window.totals(now, policy.window.0);
         let total = successes + failures;
-        let trigger =
-            if policy.consecutive_failures > 0 && h.consecutive >= policy.consecutive_failures {
-                Some("consecutive_failures")
-            } else if policy.window_failures > 0 && failures >= policy.window_failures {
-                Some("window_failures")
-            } else if policy.failure_rate > 0.0
-                && total >= policy.min_requests
-                && f64::from(failures) / f64::from(total) >= policy.failure_rate
-            {
-                Some("failure_rate")
-            } else {
-                None
-            }?;
+        let trigger = if policy.consecutive_failures > 0 && in_a_row >= policy.consecutive_failures
+        {
+            Some("consecutive_failures")
+        } else if policy.window_failures > 0 && failures >= policy.window_failures {
+            Some("window_failures")
+        } else if policy.failure_rate > 0.0
+            && total >= policy.min_requests
+            && f64::from(failures) / f64::from(total) >= policy.failure_rate
+        {
+            Some("failure_rate")
+        } else {
+            None
+        }?;
         if policy.never_block.iter().any(|p| glob(p, &self.url)) {
             return None;
         }
@@ -369,8 +375,7 @@ impl Endpoint {
         h.blocked_until = Some(now + ttl);
         h.block_ended = Some(now + ttl);
         h.last_block = Some(now);
-        h.consecutive = 0;
-        h.run_began = None;
+        h.run = None;
         h.window = Window::default();
         Some(NewBlock {
             ttl,
@@ -398,7 +403,7 @@ impl Endpoint {
                 "ok"
             },
             blocked_for_seconds: blocked.map(|u| u.duration_since(now).as_secs()),
-            consecutive_failures: h.consecutive,
+            consecutive_failures: h.consecutive(),
             successes: h.successes,
             failures: h.failures,
             ewma_ms: h.latency(now),
@@ -410,6 +415,11 @@ impl Endpoint {
 }
 
 impl Health {
+    /// Failures in a row now.
+    fn consecutive(&self) -> u32 {
+        self.run.map_or(0, |run| run.failures)
+    }
+
     /// The latency estimate at `now`, decayed while idle.
     fn latency(&self, now: Instant) -> Option<f64> {
         self.ewma_ms.map(|(ms, at)| {

@@ -456,17 +456,18 @@ impl Workers {
             .map(|k| (start + k) % n)
             .min_by_key(|&i| self.load.0[i].load(Ordering::Relaxed))
             .expect("at least one worker");
-        self.load.0[chosen].fetch_add(1, Ordering::Relaxed);
-        let load = self.load.clone();
-        self.threads[chosen].runtime.spawn(async move {
-            // Counted down however the connection ends, cancellation included.
-            struct Done(Load, usize);
-            impl Drop for Done {
-                fn drop(&mut self) {
-                    (self.0).0[self.1].fetch_sub(1, Ordering::Relaxed);
-                }
+        /// Counts a connection down however it ends: served, cancelled, or dropped
+        /// unpolled by a runtime shutting down (it is the task's, made before it).
+        struct Done(Load, usize);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                (self.0).0[self.1].fetch_sub(1, Ordering::Relaxed);
             }
-            let _done = Done(load, chosen);
+        }
+        self.load.0[chosen].fetch_add(1, Ordering::Relaxed);
+        let done = Done(self.load.clone(), chosen);
+        self.threads[chosen].runtime.spawn(async move {
+            let _done = done;
             serve.await;
         });
     }
@@ -736,6 +737,15 @@ mod tests {
         }
     }
 
+    /// Waits until `done` holds (another thread is counting); fails after 5 s.
+    async fn soon(done: impl Fn() -> bool, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Sends one request on an open connection; returns the body of the answer.
     async fn ask(conn: &mut tokio::net::TcpStream) -> String {
         conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -802,11 +812,7 @@ mod tests {
         );
         assert_eq!(workers.connections(), [2, 2]);
         drop(conns);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while workers.connections() != [0, 0] {
-            assert!(tokio::time::Instant::now() < deadline, "connections ended");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        soon(|| workers.connections() == [0, 0], "connections ended").await;
         let _ = stop.send(());
         serving.await.unwrap();
         assert_eq!(super::worker_index(), None, "not a worker thread");
@@ -909,8 +915,8 @@ mod tests {
             idle.push(conn);
         }
         idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(workers.connections().iter().sum::<usize>(), 4);
+        let served = || workers.connections().iter().sum::<usize>();
+        soon(|| served() == 4, "four connections served").await;
 
         let started = tokio::time::Instant::now();
         stop.send(()).unwrap();
@@ -925,7 +931,7 @@ mod tests {
             "serving ends when the last connection does, not at the drain time: {:?}",
             started.elapsed()
         );
-        assert_eq!(workers.connections().iter().sum::<usize>(), 0);
+        soon(|| served() == 0, "none counted once they ended").await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -55,20 +55,28 @@ std::thread_local! {
 }
 
 impl Wheel {
-    /// This thread's list, with a task firing its deadlines on the current runtime.
-    fn current() -> Arc<Wheel> {
-        let wheel = WHEEL.with(|w| w.borrow_mut().get_or_insert_with(Arc::default).clone());
+    /// Puts a deadline in this thread's list, starting the list's firing task on the
+    /// current runtime if it has none; returns the list and the deadline's slot.
+    fn register(deadline: Instant, waker: Waker) -> (Arc<Wheel>, usize) {
+        let wheel = Wheel::this_thread();
         let mut slots = wheel.lock();
-        if slots.driver.is_none() {
-            // A no-op waker until the task first runs; registrations before then are
-            // seen by its first pass.
+        let start = slots.driver.is_none();
+        if start {
+            // A no-op waker until the task first runs; its first pass sees what is
+            // registered before then.
             slots.driver = Some(Waker::noop().clone());
-            drop(slots);
-            tokio::spawn(drive(Stopped(wheel.clone())));
-        } else {
-            drop(slots);
         }
-        wheel
+        let i = slots.insert(deadline, waker);
+        drop(slots);
+        if start {
+            tokio::spawn(drive(Stopped(wheel.clone())));
+        }
+        (wheel, i)
+    }
+
+    /// This thread's list (with or without a firing task).
+    fn this_thread() -> Arc<Wheel> {
+        WHEEL.with(|w| w.borrow_mut().get_or_insert_with(Arc::default).clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, Slots> {
@@ -194,9 +202,7 @@ impl Future for Sleep {
             if Instant::now() >= this.deadline {
                 return Poll::Ready(());
             }
-            let wheel = Wheel::current();
-            let i = wheel.lock().insert(this.deadline, cx.waker().clone());
-            this.entry = Some((wheel, i));
+            this.entry = Some(Wheel::register(this.deadline, cx.waker().clone()));
             return Poll::Pending;
         };
         let mut slots = wheel.lock();
@@ -291,7 +297,7 @@ mod tests {
 
     /// The slots of this thread's list that are in use.
     fn in_use() -> usize {
-        let wheel = Wheel::current();
+        let wheel = Wheel::this_thread();
         let slots = wheel.lock();
         slots.slots.len() - slots.free.len()
     }
@@ -307,7 +313,7 @@ mod tests {
         // The latest first, and the firing task asleep until it: each earlier one
         // registered after must move that sleep.
         let late = tokio::spawn(fires(3));
-        while Wheel::current().lock().armed != Some(at(3)) {
+        while Wheel::this_thread().lock().armed != Some(at(3)) {
             tokio::task::yield_now().await;
         }
         let (early, middle) = tokio::join!(fires(1), fires(2));
@@ -342,7 +348,7 @@ mod tests {
             });
             assert_eq!(answer.await, Ok(1));
         }
-        let wheel = Wheel::current();
+        let wheel = Wheel::this_thread();
         let slots = wheel.lock();
         assert_eq!(slots.slots.len() - slots.free.len(), 0);
         assert!(
@@ -360,7 +366,13 @@ mod tests {
             .build()
             .unwrap();
         runtime.block_on(async {
-            drop(Wheel::current());
+            // Waited on once, which starts the firing task, then dropped.
+            let mut far = sleep_until(Instant::now() + Duration::from_secs(60));
+            std::future::poll_fn(|cx| {
+                assert!(Pin::new(&mut far).poll(cx).is_pending());
+                Poll::Ready(())
+            })
+            .await;
         });
         drop(runtime);
         // Then ones whose task ran.

@@ -218,7 +218,7 @@ async fn load(
     let start = Instant::now() + warmup;
     let stop = start + measure;
     // Paced, each connection sends when told to by a pacer thread (below).
-    let (turns, mut pacer): (Vec<_>, Vec<_>) = (0..connections)
+    let (turns, pacer): (Vec<_>, Vec<_>) = (0..connections)
         .map(|_| match pace {
             Pace::Saturate => (None, None),
             Pace::Rate(_) => {
@@ -268,7 +268,7 @@ async fn load(
     // each connection its turn in rotation, evenly spaced.
     if let Pace::Rate(rate) = pace {
         let every = Duration::from_secs_f64(1.0 / rate);
-        let senders: Vec<_> = pacer.drain(..).flatten().collect();
+        let senders: Vec<_> = pacer.into_iter().flatten().collect();
         std::thread::Builder::new()
             .name("pacer".into())
             .spawn(move || {

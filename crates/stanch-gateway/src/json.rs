@@ -226,7 +226,7 @@ fn walk_values(s: &[u8], on_key: &mut impl FnMut(usize, &[u8], usize)) -> Option
 
 /// What routing reads of a request body. The rest of the body is not parsed, and the
 /// body goes upstream as the caller sent it.
-#[derive(Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, PartialEq, Eq, serde::Deserialize)]
 pub(crate) struct Peek<'a> {
     /// The requested model; `None` when absent or `null`.
     #[serde(borrow)]

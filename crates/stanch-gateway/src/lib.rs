@@ -516,7 +516,7 @@ impl Front {
     }
 }
 
-impl tower::Service<hyper::Request<hyper::body::Incoming>> for Front {
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Front {
     type Response = Response;
     type Error = std::convert::Infallible;
     type Future = futures_util::future::Either<
@@ -524,24 +524,17 @@ impl tower::Service<hyper::Request<hyper::body::Incoming>> for Front {
         <Router as tower::Service<hyper::Request<hyper::body::Incoming>>>::Future,
     >;
 
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        // Both are always ready: the router says so of itself.
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        use futures_util::FutureExt;
         use futures_util::future::Either;
         match proxy::Api::of_path(request.uri().path()) {
             Some(api) => {
-                let gateway = self.gateway.clone();
-                Either::Left(Box::pin(async move {
-                    Ok(proxy::handle(gateway, api, request).await)
-                }))
+                let handled = proxy::handle(self.gateway.clone(), api, request);
+                Either::Left(Box::pin(handled.map(Ok)))
             }
-            None => Either::Right(self.rest.call(request)),
+            // The router is always ready (it says so of itself), so it is called
+            // without asking.
+            None => Either::Right(tower::Service::call(&mut self.rest.clone(), request)),
         }
     }
 }

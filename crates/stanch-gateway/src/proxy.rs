@@ -96,8 +96,8 @@ pub(crate) fn table_block(table: &RouteTable, e: &Endpoint, now: Timestamp) -> O
 }
 
 /// What one request carries through its attempts.
-struct Ctx {
-    gw: Arc<Gateway>,
+struct Ctx<'g> {
+    gw: &'g Arc<Gateway>,
     api: Api,
     requested: String,
     model: String,
@@ -112,7 +112,7 @@ struct Ctx {
     tenant: Option<usize>,
 }
 
-impl Ctx {
+impl Ctx<'_> {
     /// The caller's tenant name, for logs (never its key).
     fn tenant_name(&self) -> &str {
         self.tenant
@@ -148,26 +148,74 @@ impl Rejected {
 }
 
 /// Serves a request to one of the proxied routes.
-pub(crate) async fn handle(gw: Arc<Gateway>, api: Api, request: Request<Incoming>) -> Response {
-    match route(gw.clone(), api, request).await {
-        Ok(response) => response,
-        Err(r) => {
-            gw.metrics
-                .rejected
-                .get_or_create(&KindLabel { kind: r.code })
-                .inc();
-            info!(target: "access", outcome = r.code, status = r.status.as_u16(), "request rejected");
-            let mut response = openai_error(r.status, "invalid_request_error", r.code, &r.message);
-            if r.status == StatusCode::METHOD_NOT_ALLOWED {
-                response
-                    .headers_mut()
-                    .insert(header::ALLOW, HeaderValue::from_static("POST"));
-            }
-            // Answered before routing, but still say which table was in force.
-            with_route_version(&gw, &mut response);
-            response
-        }
+///
+/// What routing needs of the request's head (the method, the caller's key) is taken
+/// before anything is awaited, and the head is dropped then: its header values share
+/// hyper's read buffer, and the future awaited from here on holds only the body.
+pub(crate) fn handle(
+    gw: Arc<Gateway>,
+    api: Api,
+    request: Request<Incoming>,
+) -> impl Future<Output = Response> + Send + 'static {
+    let (parts, body) = request.into_parts();
+    let admitted = if parts.method == Method::POST {
+        Ok(tenant(&gw, &parts.headers))
+    } else {
+        Err(Rejected::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{} takes POST", parts.uri.path()),
+        ))
+    };
+    drop(parts);
+    async move {
+        let routed = match admitted {
+            Ok(tenant) => route(&gw, api, body, tenant).await,
+            Err(rejected) => Err(rejected),
+        };
+        routed.unwrap_or_else(|r| reject(&gw, r))
     }
+}
+
+/// The answer to a request turned away before routing.
+fn reject(gw: &Gateway, r: Rejected) -> Response {
+    gw.metrics
+        .rejected
+        .get_or_create(&KindLabel { kind: r.code })
+        .inc();
+    info!(target: "access", outcome = r.code, status = r.status.as_u16(), "request rejected");
+    let mut response = openai_error(r.status, "invalid_request_error", r.code, &r.message);
+    if r.status == StatusCode::METHOD_NOT_ALLOWED {
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    }
+    // Answered before routing, but still say which table was in force.
+    with_route_version(gw, &mut response);
+    response
+}
+
+/// The caller's tenant, if its key is known; an unknown key is refused when every
+/// caller must be a tenant.
+fn tenant(gw: &Gateway, headers: &hyper::HeaderMap) -> Result<Option<usize>, Rejected> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Constant-time: how much of a key matched must not show in the answer's timing.
+    let tenant = presented.and_then(|key| {
+        gw.tenants
+            .iter()
+            .position(|t| bool::from(t.key.expose_secret().as_bytes().ct_eq(key.as_bytes())))
+    });
+    if gw.config.require_tenant && tenant.is_none() {
+        return Err(Rejected::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "unknown API key",
+        ));
+    }
+    Ok(tenant)
 }
 
 /// Adds `X-Stanch-Route-Version` for the table applied now.
@@ -178,21 +226,17 @@ pub(crate) fn with_route_version(gw: &Gateway, response: &mut Response) {
         .insert(&ROUTE_VERSION_HEADER, version_value(version));
 }
 
+/// Routes a POST. The caller's key was looked up (`tenant`) while the head was at
+/// hand, but a refused key is answered only once the body has been read: a caller
+/// answered before its body is read can find the connection reset under the answer,
+/// as the unread bytes make the socket's close a reset (hyper does not linger to
+/// drain them).
 async fn route(
-    gw: Arc<Gateway>,
+    gw: &Arc<Gateway>,
     api: Api,
-    request: Request<Incoming>,
+    body: Incoming,
+    tenant: Result<Option<usize>, Rejected>,
 ) -> Result<Response, Rejected> {
-    // The request's own headers, not a copy: header values share its read buffer.
-    let (parts, body) = request.into_parts();
-    if parts.method != Method::POST {
-        return Err(Rejected::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            format!("{} takes POST", parts.uri.path()),
-        ));
-    }
-    let headers = parts.headers;
     let limit = gw.config.max_body_bytes;
     let raw = match read_whole(body, limit).await {
         Ok(raw) => raw,
@@ -234,23 +278,7 @@ async fn route(
             format!("model {requested:?} is not served here"),
         ));
     };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Constant-time: how much of a key matched must not show in the answer's timing.
-    let tenant = presented.and_then(|key| {
-        gw.tenants
-            .iter()
-            .position(|t| bool::from(t.key.expose_secret().as_bytes().ct_eq(key.as_bytes())))
-    });
-    if gw.config.require_tenant && tenant.is_none() {
-        return Err(Rejected::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_api_key",
-            "unknown API key",
-        ));
-    }
+    let tenant = tenant?;
     let vip = tenant.is_some_and(|i| gw.tenants[i].vip);
     let wall = gw.clock.now();
     let table = gw.table();
@@ -259,7 +287,7 @@ async fn route(
     gw.budget.request(started);
     let stream = api != Api::Embeddings && peek.stream.unwrap_or(false);
     let mut ctx = Ctx {
-        gw: gw.clone(),
+        gw,
         api,
         requested,
         model: model.to_owned(),
@@ -304,7 +332,7 @@ async fn route(
             return Ok(faq_answer(&ctx, e.faq.as_deref(), "static"));
         }
     }
-    let mut targets = plan(&gw, serve, table.as_deref(), wall);
+    let mut targets = plan(gw, serve, table.as_deref(), wall);
     let mut redirected = false;
     let mut tried: Vec<Arc<Endpoint>> = Vec::new();
     let policy = &gw.config.retry;
@@ -342,7 +370,7 @@ async fn route(
                         model: model.to_owned(),
                     })
                     .inc();
-                tokio::time::sleep(backoff(&gw, ctx.attempts)).await;
+                tokio::time::sleep(backoff(gw, ctx.attempts)).await;
             }
             // Time left on the route table's block of an endpoint, if any.
             let blocked = |e: &Endpoint| {
@@ -403,7 +431,7 @@ async fn route(
                                     kind: "larger_context",
                                 })
                                 .inc();
-                            targets = plan(&gw, l, table.as_deref(), wall);
+                            targets = plan(gw, l, table.as_deref(), wall);
                             t = 0;
                             continue 'targets;
                         }
@@ -572,7 +600,7 @@ fn record_with_latency(
     }
 }
 
-async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Attempt {
+async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> Attempt {
     let gw = &ctx.gw;
     // The caller's bytes go upstream untouched unless the upstream names the model
     // differently.
@@ -590,7 +618,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
     let first_byte = (sent + gw.config.timeouts.first_byte.0).min(deadline);
     let response = match timeout_at(first_byte, endpoint.conns.send(request)).await {
         Err(_) => {
-            record(&ctx.gw, endpoint, &Outcome::NoHeaders, sent);
+            record(ctx.gw, endpoint, &Outcome::NoHeaders, sent);
             return Attempt::Failed(Outcome::NoHeaders);
         }
         Ok(Err(e)) => {
@@ -601,7 +629,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             } else {
                 debug!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
             }
-            record(&ctx.gw, endpoint, &Outcome::Connect, sent);
+            record(ctx.gw, endpoint, &Outcome::Connect, sent);
             return Attempt::Failed(Outcome::Connect);
         }
         Ok(Ok(r)) => r,
@@ -621,7 +649,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let bytes = read_limited(response.into_body(), Duration::from_secs(2)).await;
         let outcome = classify_status(status.as_u16(), wait, local, &bytes);
-        record(&ctx.gw, endpoint, &outcome, sent);
+        record(ctx.gw, endpoint, &outcome, sent);
         if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
             let mut r = Response::new(Body::from(bytes));
             *r.status_mut() = status;
@@ -640,7 +668,7 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
         let limit = gw.config.max_response_bytes;
         return match timeout_at(deadline, read_whole(response.into_body(), limit)).await {
             Ok(Ok(answer)) => {
-                record(&ctx.gw, endpoint, &Outcome::Success, sent);
+                record(ctx.gw, endpoint, &Outcome::Success, sent);
                 drop(in_flight);
                 let mut r = Response::new(Body::from(answer));
                 r.headers_mut().insert(
@@ -660,11 +688,11 @@ async fn attempt(ctx: &Ctx, endpoint: &Arc<Endpoint>, deadline: Instant) -> Atte
                         Outcome::Truncated
                     }
                 };
-                record(&ctx.gw, endpoint, &outcome, sent);
+                record(ctx.gw, endpoint, &outcome, sent);
                 Attempt::Failed(outcome)
             }
             Err(_) => {
-                record(&ctx.gw, endpoint, &Outcome::Stalled, sent);
+                record(ctx.gw, endpoint, &Outcome::Stalled, sent);
                 Attempt::Failed(Outcome::Stalled)
             }
         };
@@ -743,7 +771,7 @@ fn error_event(outcome: &Outcome) -> Bytes {
 
 /// Waits for the first token, then commits the stream to the caller.
 async fn stream(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     endpoint: &Arc<Endpoint>,
     mut body: upstream::Body,
     sent: Instant,
@@ -762,15 +790,15 @@ async fn stream(
     let end = loop {
         let frame = match timeout_at(until, body.frame()).await {
             Err(_) => {
-                record(&ctx.gw, endpoint, &Outcome::FirstTokenTimeout, sent);
+                record(ctx.gw, endpoint, &Outcome::FirstTokenTimeout, sent);
                 return Attempt::Failed(Outcome::FirstTokenTimeout);
             }
             Ok(None) => {
-                record(&ctx.gw, endpoint, &Outcome::Truncated, sent);
+                record(ctx.gw, endpoint, &Outcome::Truncated, sent);
                 return Attempt::Failed(Outcome::Truncated);
             }
             Ok(Some(Err(_))) => {
-                record(&ctx.gw, endpoint, &Outcome::Connect, sent);
+                record(ctx.gw, endpoint, &Outcome::Connect, sent);
                 return Attempt::Failed(Outcome::Connect);
             }
             Ok(Some(Ok(frame))) => frame,
@@ -780,7 +808,7 @@ async fn stream(
         };
         match relay.take(data, &malformed) {
             Some(End::Error) => {
-                record(&ctx.gw, endpoint, &Outcome::ServerError(200), sent);
+                record(ctx.gw, endpoint, &Outcome::ServerError(200), sent);
                 return Attempt::Failed(Outcome::ServerError(200));
             }
             Some(End::Done) => break Some(Outcome::Success),
@@ -966,7 +994,7 @@ async fn pass(tx: &mpsc::Sender<Result<Bytes, std::io::Error>>, bytes: Bytes) ->
 
 /// Adds the gateway's headers, counts, and logs.
 fn finish(
-    ctx: &Ctx,
+    ctx: &Ctx<'_>,
     mut response: Response,
     endpoint: Option<&Endpoint>,
     outcome: &'static str,
@@ -1053,7 +1081,7 @@ fn question(body: &Value) -> String {
 }
 
 /// A static answer, OpenAI-shaped, always 200.
-fn faq_answer(ctx: &Ctx, set: Option<&str>, outcome: &'static str) -> Response {
+fn faq_answer(ctx: &Ctx<'_>, set: Option<&str>, outcome: &'static str) -> Response {
     let gw = &ctx.gw;
     gw.metrics
         .static_answers

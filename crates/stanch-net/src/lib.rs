@@ -21,7 +21,6 @@ pub mod timer;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulConnection;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::time::Sleep;
@@ -49,9 +48,11 @@ impl Default for ConnLimits {
     }
 }
 
-/// What the listener serves: an axum `Router`, or a service in front of one.
+/// What the listener serves: a hyper service answering with axum's responses. An axum
+/// `Router` serves wrapped in hyper-util's `TowerToHyperService`; a service written
+/// for hyper is called by reference, with no clone of itself per request.
 pub trait App:
-    tower::Service<
+    hyper::service::Service<
         hyper::Request<hyper::body::Incoming>,
         Response = axum::response::Response,
         Error = Infallible,
@@ -63,7 +64,7 @@ pub trait App:
 }
 
 impl<S> App for S where
-    S: tower::Service<
+    S: hyper::service::Service<
             hyper::Request<hyper::body::Incoming>,
             Response = axum::response::Response,
             Error = Infallible,
@@ -175,7 +176,6 @@ impl<S: App> Connection<S> {
             watch,
         } = self;
         let io = WriteDeadline::new(stream, limits.write_timeout);
-        let service = TowerToHyperService::new(app);
         let builder = {
             let mut b = hyper::server::conn::http1::Builder::new();
             b.timer(timer::Timer)
@@ -185,14 +185,14 @@ impl<S: App> Connection<S> {
         let result = match tls {
             None => {
                 watch
-                    .serve(builder.serve_connection(TokioIo::new(io), service))
+                    .serve(builder.serve_connection(TokioIo::new(io), app))
                     .await
             }
             Some(acceptor) => {
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io)).await {
                     Ok(Ok(stream)) => {
                         watch
-                            .serve(builder.serve_connection(TokioIo::new(stream), service))
+                            .serve(builder.serve_connection(TokioIo::new(stream), app))
                             .await
                     }
                     Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
@@ -650,6 +650,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = hyper_util::service::TowerToHyperService::new(app);
         tokio::spawn(super::serve(listener, app, None, limits, async {
             let _ = stopped.await;
         }));
@@ -723,6 +724,7 @@ mod tests {
         let serving = {
             let workers = workers.clone();
             tokio::spawn(async move {
+                let app = hyper_util::service::TowerToHyperService::new(app);
                 super::serve_on(&workers, listener, app, None, limits, async {
                     let _ = stopped.await;
                 })

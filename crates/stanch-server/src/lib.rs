@@ -207,8 +207,14 @@ impl Controller {
         tasks.spawn(started.task.run(until_stopped()));
         let scheme = if tls.is_some() { "https" } else { "http" };
         tasks.spawn(
-            net::serve(listener, app, tls, limits, until_stopped())
-                .instrument(info_span!("http", %addr)),
+            net::serve(
+                listener,
+                hyper_util::service::TowerToHyperService::new(app),
+                tls,
+                limits,
+                until_stopped(),
+            )
+            .instrument(info_span!("http", %addr)),
         );
         info!(%addr, scheme, "stanch controller listening");
         Ok(Controller { addr, stop, tasks })

@@ -46,6 +46,14 @@ pub struct GatewayArgs {
     /// median over rounds.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Saturation only: skip the paced measure of added latency, so that many rounds
+    /// of the throughput comparison fit in a few minutes.
+    #[arg(long)]
+    throughput_only: bool,
+    /// Another stanch-gateway binary (a build to compare with), measured in the same
+    /// rounds with the same configuration.
+    #[arg(long)]
+    compare: Option<PathBuf>,
 }
 
 struct Proc(Child);
@@ -76,29 +84,81 @@ impl Drop for Nginx {
     }
 }
 
-/// CPU seconds (user + system) a process and its children have used, from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let ticks = |pid: u32| -> (f64, Option<u32>) {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // Fields after the command name, which is in parentheses and may hold spaces.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        (num(11) + num(12), f.get(1).and_then(|v| v.parse().ok()))
-    };
-    let mut total = ticks(pid).0;
-    // Worker processes (nginx) are children of the process measured.
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            if let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
-                let (t, parent) = ticks(child);
-                if parent == Some(pid) {
-                    total += t;
-                }
+/// What a process and its children (nginx's workers) have used so far, from /proc.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    /// CPU seconds in user space.
+    user: f64,
+    /// CPU seconds in the kernel.
+    system: f64,
+    /// Context switches of all their threads, voluntary (waiting for I/O) or not.
+    switches: f64,
+}
+
+impl Usage {
+    fn of(pid: u32) -> Usage {
+        let mut total = Usage::default();
+        let mut add = |pid: u32| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            total.user += num(11) / 100.0; // USER_HZ
+            total.system += num(12) / 100.0;
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten();
+            for task in tasks.flatten() {
+                let status =
+                    std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                total.switches += status
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches:"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                    .sum::<f64>();
+            }
+            f.get(1).and_then(|v| v.parse::<u32>().ok())
+        };
+        add(pid);
+        // Worker processes (nginx) are children of the process measured.
+        let children: Vec<u32> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&p| p != pid)
+            .collect();
+        for child in children {
+            let parent = std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                });
+            if parent == Some(pid) {
+                add(child);
             }
         }
+        total
     }
-    total / 100.0 // USER_HZ
+
+    /// What was used since `before`, per request.
+    fn per_request(self, before: Usage, requests: f64) -> Usage {
+        Usage {
+            user: (self.user - before.user) / requests,
+            system: (self.system - before.system) / requests,
+            switches: (self.switches - before.switches) / requests,
+        }
+    }
+
+    fn cpu(&self) -> f64 {
+        self.user + self.system
+    }
 }
 
 fn port() -> anyhow::Result<u16> {
@@ -298,15 +358,14 @@ async fn load(
     Ok(all)
 }
 
-/// `through`'s latency minus `direct`'s at percentile `p`.
 /// One round's measures of one proxy.
 #[derive(Clone)]
 struct Round {
     throughput: f64,
-    /// Seconds of CPU per request.
-    cpu: f64,
-    added_p50: Duration,
-    added_p99: Duration,
+    /// CPU and context switches per request.
+    used: Usage,
+    /// Paced added latency at p50 and p99; none with `--throughput-only`.
+    added: Option<(Duration, Duration)>,
 }
 
 fn throughput(l: &Load) -> f64 {
@@ -323,6 +382,21 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// The mean and its standard error (the sample's standard deviation over √n).
+fn mean_and_error(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = values.iter().sum::<f64>() / n;
+    if values.len() < 2 {
+        return (mean, 0.0);
+    }
+    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, (variance / n).sqrt())
+}
+
+/// `through`'s latency minus `direct`'s at percentile `p`.
 fn added(through: &Load, direct: &Load, p: f64) -> Duration {
     percentile(&through.latencies, p).saturating_sub(percentile(&direct.latencies, p))
 }
@@ -411,23 +485,35 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     );
     let config_path = dir.path().join("gateway.yaml");
     std::fs::write(&config_path, config)?;
-    let gateway_proc = Proc(
-        Command::new(&args.gateway)
+    let start_gateway = |binary: &Path, port: u16| -> anyhow::Result<Proc> {
+        let child = Command::new(binary)
             .args([
                 "--config",
                 config_path.to_str().unwrap_or_default(),
                 "--listen",
-                &format!("127.0.0.1:{gw_port}"),
+                &format!("127.0.0.1:{port}"),
             ])
             .args(["--worker-threads", &args.gateway_threads.to_string()])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .with_context(|| format!("cannot run {}", args.gateway.display()))?,
-    );
+            .with_context(|| format!("cannot run {}", binary.display()))?;
+        Ok(Proc(child))
+    };
+    let gateway_proc = start_gateway(&args.gateway, gw_port)?;
     let gateway_pid = gateway_proc.0.id();
     procs.push(gateway_proc);
+    let compared = match &args.compare {
+        Some(binary) => {
+            let port = port()?;
+            let proc = start_gateway(binary, port)?;
+            let pid = proc.0.id();
+            procs.push(proc);
+            Some((format!("127.0.0.1:{port}"), pid))
+        }
+        None => None,
+    };
     let bare_port = port()?;
     // The bare proxy runs as many threads as the gateway.
     let threads = match args.gateway_threads {
@@ -477,6 +563,9 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         ready(m, "/v1/chat/completions").await?;
     }
     ready(&gateway, "/v1/chat/completions").await?;
+    if let Some((addr, _)) = &compared {
+        ready(addr, "/v1/chat/completions").await?;
+    }
     ready(&bare, "/v1/chat/completions").await?;
     if nginx.is_some() {
         ready(&nginx_addr, "/v1/chat/completions").await?;
@@ -496,10 +585,11 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         args.seconds
     );
     // The proxies measured: the gateway, the bare hyper proxy under it, and nginx.
-    let mut proxies = vec![
-        ("stanch-gateway", gateway.clone(), gateway_pid),
-        ("bare hyper proxy", bare.clone(), bare_pid),
-    ];
+    let mut proxies = vec![("stanch-gateway", gateway.clone(), gateway_pid)];
+    if let Some((addr, pid)) = &compared {
+        proxies.push(("compared gateway", addr.clone(), *pid));
+    }
+    proxies.push(("bare hyper proxy", bare.clone(), bare_pid));
     if let Some(p) = &nginx {
         proxies.push(("nginx", nginx_addr.clone(), (p.0).0.id()));
     }
@@ -510,9 +600,17 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         println!("round {round}: saturation");
         let direct = load(&mocks, body, n, Pace::Saturate, warm, measure).await?;
         println!("{}", line("direct to mocks", &direct));
-        let mut saturated = Vec::new();
-        for (name, addr, pid) in &proxies {
-            let cpu0 = cpu_seconds(*pid);
+        // Every other round in the reverse order, so that whatever drifts within a
+        // round (the page cache, another tenant of the host) does not always favour
+        // the same proxy.
+        let mut order: Vec<usize> = (0..proxies.len()).collect();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        let mut saturated = vec![(0.0, Usage::default()); proxies.len()];
+        for &i in &order {
+            let (name, addr, pid) = &proxies[i];
+            let before = Usage::of(*pid);
             let l = load(
                 std::slice::from_ref(addr),
                 body,
@@ -525,9 +623,26 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
             // Warm-up requests used CPU too; they are not in `latencies`.
             let requests =
                 l.latencies.len() as f64 * (1.0 + warm.as_secs_f64() / measure.as_secs_f64());
-            let cpu = (cpu_seconds(*pid) - cpu0) / requests;
-            println!("{}   proxy CPU {:.1} µs/request", line(name, &l), cpu * 1e6);
-            saturated.push((throughput(&l), cpu));
+            let used = Usage::of(*pid).per_request(before, requests);
+            println!(
+                "{}   proxy CPU {:.1} µs/request (user {:.1}, kernel {:.1}), {:.2} context switches/request",
+                line(name, &l),
+                used.cpu() * 1e6,
+                used.user * 1e6,
+                used.system * 1e6,
+                used.switches
+            );
+            saturated[i] = (throughput(&l), used);
+        }
+        if args.throughput_only {
+            for (i, &(throughput, used)) in saturated.iter().enumerate() {
+                results[i].push(Round {
+                    throughput,
+                    used,
+                    added: None,
+                });
+            }
+            continue;
         }
 
         // Added latency at a steady rate below saturation.
@@ -553,36 +668,91 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
             );
             results[i].push(Round {
                 throughput: saturated[i].0,
-                cpu: saturated[i].1,
-                added_p50: p50,
-                added_p99: p99,
+                used: saturated[i].1,
+                added: Some((p50, p99)),
             });
         }
     }
     println!("median of {} round(s):", args.rounds.max(1));
     let nginx_rounds = nginx.as_ref().map(|_| &results[proxies.len() - 1]);
+    let mut shares = Vec::new();
     for ((name, _, _), rounds) in proxies.iter().zip(&results) {
         // Each round's throughput against nginx's in the same round.
-        let against_nginx = nginx_rounds
+        let ratios: Vec<f64> = nginx_rounds
             .map(|ng| {
-                let ratios = rounds
+                rounds
                     .iter()
                     .zip(ng)
                     .map(|(r, n)| r.throughput / n.throughput)
-                    .collect();
-                format!("   {:.0} % of nginx", median(ratios) * 100.0)
+                    .collect()
             })
             .unwrap_or_default();
+        let against_nginx = if ratios.is_empty() {
+            String::new()
+        } else {
+            format!("   {:.0} % of nginx", median(ratios.clone()) * 100.0)
+        };
+        let paced = if args.throughput_only {
+            String::new()
+        } else {
+            let at = |pick: fn(&(Duration, Duration)) -> Duration| {
+                let values = rounds
+                    .iter()
+                    .filter_map(|r| r.added.as_ref().map(|a| pick(a).as_secs_f64()))
+                    .collect();
+                show(Duration::from_secs_f64(median(values)))
+            };
+            format!("   paced added p50 {}  p99 {}", at(|a| a.0), at(|a| a.1))
+        };
         println!(
-            "{name:<16} {:>9.0} req/s{against_nginx}   proxy CPU {:.1} µs/request   paced added p50 {}  p99 {}",
+            "{name:<16} {:>9.0} req/s{against_nginx}   proxy CPU {:.1} µs/request (user {:.1}, kernel {:.1}), {:.2} switches/request{paced}",
             median(rounds.iter().map(|r| r.throughput).collect()),
-            median(rounds.iter().map(|r| r.cpu * 1e6).collect()),
-            show(Duration::from_secs_f64(median(
-                rounds.iter().map(|r| r.added_p50.as_secs_f64()).collect()
-            ))),
-            show(Duration::from_secs_f64(median(
-                rounds.iter().map(|r| r.added_p99.as_secs_f64()).collect()
-            ))),
+            median(rounds.iter().map(|r| r.used.cpu() * 1e6).collect()),
+            median(rounds.iter().map(|r| r.used.user * 1e6).collect()),
+            median(rounds.iter().map(|r| r.used.system * 1e6).collect()),
+            median(rounds.iter().map(|r| r.used.switches).collect()),
+        );
+        shares.push((name, ratios));
+    }
+    // How sure the comparison is: one round's share varies by tens of percent here.
+    for (name, ratios) in shares.iter().filter(|(name, _)| **name != "nginx") {
+        if ratios.len() < 2 {
+            continue;
+        }
+        let (mean, error) = mean_and_error(ratios);
+        let above = ratios.iter().filter(|r| **r > 1.0).count();
+        println!(
+            "{name:<16} share of nginx's throughput over {} rounds: mean {:.1} % ± {:.1} % (standard error), above nginx in {above}",
+            ratios.len(),
+            mean * 100.0,
+            error * 100.0,
+        );
+    }
+
+    if compared.is_some() {
+        // The two builds, round by round.
+        let ratios: Vec<f64> = results[1]
+            .iter()
+            .zip(&results[0])
+            .map(|(b, a)| b.throughput / a.throughput)
+            .collect();
+        let cpu: Vec<f64> = results[1]
+            .iter()
+            .zip(&results[0])
+            .map(|(b, a)| (b.used.cpu() - a.used.cpu()) * 1e6)
+            .collect();
+        let user: Vec<f64> = results[1]
+            .iter()
+            .zip(&results[0])
+            .map(|(b, a)| (b.used.user - a.used.user) * 1e6)
+            .collect();
+        let (mean, error) = mean_and_error(&ratios);
+        let (cpu_mean, cpu_error) = mean_and_error(&cpu);
+        let (user_mean, user_error) = mean_and_error(&user);
+        println!(
+            "compared gateway against stanch-gateway, mean ± standard error over rounds: throughput {:.1} % ± {:.1} %, CPU {cpu_mean:+.2} ± {cpu_error:.2} µs/request, of which user {user_mean:+.2} ± {user_error:.2}",
+            mean * 100.0,
+            error * 100.0,
         );
     }
 
@@ -630,5 +800,15 @@ mod tests {
         assert_eq!(super::median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(super::median(vec![7.0]), 7.0);
         assert_eq!(super::median(vec![]), 0.0);
+    }
+
+    #[test]
+    fn the_standard_error_is_the_sample_deviation_over_the_root_of_the_count() {
+        let (mean, error) = super::mean_and_error(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(mean, 2.5);
+        // Sample variance 5/3; over n = 4, √(5/12).
+        assert!((error - (5.0f64 / 12.0).sqrt()).abs() < 1e-12);
+        assert_eq!(super::mean_and_error(&[7.0]), (7.0, 0.0));
+        assert_eq!(super::mean_and_error(&[]), (0.0, 0.0));
     }
 }

@@ -251,27 +251,37 @@ impl Endpoint {
         (h.successes, h.failures, peak)
     }
 
-    /// Failing right now with a request already out: it gets no second request until
-    /// one of them comes back well, so a fault costs its in-flight requests plus one
-    /// at a time, not a burst.
-    fn suspect_busy(&self) -> bool {
-        self.in_flight.load(Ordering::Relaxed) > 0
-            && self.health.lock().expect("endpoint lock").run.is_some()
-    }
-
     /// Whether a local block holds at `now`.
     pub fn blocked(&self, now: Instant) -> Option<Instant> {
         let h = self.health.lock().expect("endpoint lock");
         h.blocked_until.filter(|u| *u > now)
     }
 
-    fn score(&self, now: Instant, slow_start: Duration) -> f64 {
+    /// What choosing needs to know of this endpoint at `now`, read under one lock:
+    /// the lock is shared by every worker thread, so each taking of it can cost a
+    /// cache line's trip between cores.
+    fn look(&self, now: Instant) -> Look {
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
         let h = self.health.lock().expect("endpoint lock");
+        Look {
+            blocked: h.blocked_until.is_some_and(|u| u > now),
+            // Failing right now with a request already out: it gets no second request
+            // until one of them comes back well, so a fault costs its in-flight requests
+            // plus one at a time, not a burst.
+            suspect_busy: in_flight > 0 && h.run.is_some(),
+            ewma_ms: h.ewma_ms,
+            block_ended: h.block_ended,
+            in_flight,
+        }
+    }
+
+    /// The cost of sending here, lower is better: EWMA latency × (1 + in-flight /
+    /// capacity), over the weight, and over the slow-start ramp after a block.
+    fn score(&self, look: &Look, now: Instant, slow_start: Duration) -> f64 {
         // Unmeasured endpoints are tried first; idle ones become attractive again.
-        let latency = h.latency(now).unwrap_or(0.0);
-        let load = 1.0
-            + f64::from(self.in_flight.load(Ordering::Relaxed)) / f64::from(self.capacity.max(1));
-        let ramp = match h.block_ended {
+        let latency = decayed(look.ewma_ms, now).unwrap_or(0.0);
+        let load = 1.0 + f64::from(look.in_flight) / f64::from(self.capacity.max(1));
+        let ramp = match look.block_ended {
             Some(ended) if !slow_start.is_zero() => {
                 (now.duration_since(ended).as_secs_f64() / slow_start.as_secs_f64()).clamp(0.1, 1.0)
             }
@@ -422,10 +432,7 @@ impl Health {
 
     /// The latency estimate at `now`, decayed while idle.
     fn latency(&self, now: Instant) -> Option<f64> {
-        self.ewma_ms.map(|(ms, at)| {
-            let idle = now.saturating_duration_since(at).as_secs_f64();
-            ms * 0.5f64.powf(idle / DECAY_HALF_LIFE.as_secs_f64())
-        })
+        decayed(self.ewma_ms, now)
     }
 
     fn sample(&mut self, ms: f64, now: Instant) {
@@ -435,6 +442,24 @@ impl Health {
         };
         self.ewma_ms = Some((next, now));
     }
+}
+
+/// An EWMA latency (ms, measured at) as it stands at `now`: halved for every
+/// `DECAY_HALF_LIFE` without a new sample, so an idle endpoint becomes attractive again.
+fn decayed(ewma_ms: Option<(f64, Instant)>, now: Instant) -> Option<f64> {
+    ewma_ms.map(|(ms, at)| {
+        let idle = now.saturating_duration_since(at).as_secs_f64();
+        ms * 0.5f64.powf(idle / DECAY_HALF_LIFE.as_secs_f64())
+    })
+}
+
+/// An endpoint's state as [`choose`] sees it.
+struct Look {
+    blocked: bool,
+    suspect_busy: bool,
+    ewma_ms: Option<(f64, Instant)>,
+    block_ended: Option<Instant>,
+    in_flight: u32,
 }
 
 /// Outcome counts over a sliding window, in ten buckets: constant memory whatever the
@@ -520,10 +545,12 @@ pub fn choose<'a>(
     now: Instant,
     slow_start: Duration,
 ) -> Option<(&'a Endpoint, bool)> {
-    let open: Vec<&Endpoint> = candidates
+    let open: Vec<(&Endpoint, Look)> = candidates
         .iter()
         .copied()
-        .filter(|e| e.blocked(now).is_none() && table_blocked(e).is_none() && !e.suspect_busy())
+        .filter(|e| table_blocked(e).is_none())
+        .map(|e| (e, e.look(now)))
+        .filter(|(_, look)| !look.blocked && !look.suspect_busy)
         .collect();
     if open.is_empty() {
         // Blocked is lowest priority, not gone: the block ending soonest, then the best
@@ -543,15 +570,15 @@ pub fn choose<'a>(
         return Some((best, true));
     }
     if open.len() == 1 {
-        return Some((open[0], false));
+        return Some((open[0].0, false));
     }
     let i = (next_random() % open.len() as u64) as usize;
     let mut j = (next_random() % (open.len() as u64 - 1)) as usize;
     if j >= i {
         j += 1;
     }
-    let (a, b) = (open[i], open[j]);
-    let pick = if a.score(now, slow_start) <= b.score(now, slow_start) {
+    let ((a, look_a), (b, look_b)) = (&open[i], &open[j]);
+    let pick = if a.score(look_a, now, slow_start) <= b.score(look_b, now, slow_start) {
         a
     } else {
         b

@@ -334,7 +334,7 @@ async fn route(
     }
     let mut targets = plan(gw, serve, table.as_deref(), wall);
     let mut redirected = false;
-    let mut tried: Vec<Arc<Endpoint>> = Vec::new();
+    let mut tried: Vec<&Endpoint> = Vec::new();
     let policy = &gw.config.retry;
     let deadline = ctx.started + gw.config.timeouts.total.0;
     let mut t = 0;
@@ -354,7 +354,7 @@ async fn route(
             let candidates: Vec<&Endpoint> = endpoints
                 .iter()
                 .map(Arc::as_ref)
-                .filter(|e| !tried.iter().any(|t| std::ptr::eq(t.as_ref(), *e)))
+                .filter(|e| !tried.iter().any(|t| std::ptr::eq(*t, *e)))
                 .collect();
             if candidates.is_empty() {
                 break;
@@ -394,7 +394,7 @@ async fn route(
                         .filter(|(m2, _)| *m2 == m)
                         .any(|(m2, p2)| {
                             gw.models[*m2].pools[*p2].1.iter().any(|e| {
-                                !tried.iter().any(|x| Arc::ptr_eq(x, e))
+                                !tried.iter().any(|x| std::ptr::eq(*x, e.as_ref()))
                                     && e.blocked(now).is_none()
                                     && blocked(e).is_none()
                             })
@@ -407,14 +407,13 @@ async fn route(
             let endpoint = endpoints
                 .iter()
                 .find(|e| std::ptr::eq(e.as_ref(), chosen))
-                .cloned()
                 .expect("chosen from this pool");
-            tried.push(endpoint.clone());
+            tried.push(endpoint);
             ctx.attempts += 1;
             in_pool += 1;
-            match attempt(&ctx, &endpoint, deadline).await {
+            match attempt(&ctx, endpoint, deadline).await {
                 Attempt::Answer(response) => {
-                    return Ok(finish(&ctx, response, Some(&endpoint), "success"));
+                    return Ok(finish(&ctx, response, Some(endpoint), "success"));
                 }
                 Attempt::Caller(Outcome::ContextTooLong, response) => {
                     let larger = gw
@@ -436,12 +435,12 @@ async fn route(
                             continue 'targets;
                         }
                         _ => {
-                            return Ok(finish(&ctx, response, Some(&endpoint), "context_too_long"));
+                            return Ok(finish(&ctx, response, Some(endpoint), "context_too_long"));
                         }
                     }
                 }
                 Attempt::Caller(outcome, response) => {
-                    return Ok(finish(&ctx, response, Some(&endpoint), outcome.label()));
+                    return Ok(finish(&ctx, response, Some(endpoint), outcome.label()));
                 }
                 Attempt::Failed(outcome) => {
                     if outcome.excludes_endpoint() {

@@ -6,7 +6,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::per_worker::PerWorker;
+
 const BUCKETS: usize = 10;
+
+/// Counts over a sliding window, in ten buckets: (bucket start, count).
+type Window = [(Option<Instant>, u32); BUCKETS];
 
 /// A sliding-window budget in ten buckets.
 #[derive(Debug)]
@@ -14,7 +19,11 @@ pub struct RetryBudget {
     ratio: f64,
     min: u32,
     bucket: Duration,
-    inner: Mutex<[(Option<Instant>, u32, u32); BUCKETS]>,
+    /// Requests, a window per worker thread: every request counts itself, and one
+    /// window for all would be a lock taken by every request on every core.
+    requests: PerWorker<Mutex<Window>>,
+    /// Retries, rarer: one window.
+    retries: Mutex<Window>,
 }
 
 impl RetryBudget {
@@ -24,55 +33,61 @@ impl RetryBudget {
             ratio,
             min,
             bucket: window / BUCKETS as u32,
-            inner: Mutex::new([(None, 0, 0); BUCKETS]),
+            requests: PerWorker::new(|| Mutex::new([(None, 0); BUCKETS])),
+            retries: Mutex::new([(None, 0); BUCKETS]),
         }
     }
 
-    fn slot(&self, now: Instant, buckets: &mut [(Option<Instant>, u32, u32); BUCKETS]) -> usize {
-        // The bucket that started less than one bucket length ago; else the oldest, reset.
-        let current = buckets
+    /// Adds one to `window` at `now`: to the bucket that started less than one bucket
+    /// length ago, else to the oldest, reset.
+    fn count(&self, now: Instant, window: &mut Window) {
+        let current = window
             .iter()
-            .position(|(start, _, _)| start.is_some_and(|s| now.duration_since(s) < self.bucket));
-        match current {
+            .position(|(start, _)| start.is_some_and(|s| now.duration_since(s) < self.bucket));
+        let i = match current {
             Some(i) => i,
             None => {
-                let oldest = buckets
+                let oldest = window
                     .iter()
                     .enumerate()
-                    .min_by_key(|(_, (s, _, _))| *s)
-                    .map(|(i, _)| i)
-                    .unwrap_or(0);
-                buckets[oldest] = (Some(now), 0, 0);
+                    .min_by_key(|(_, (s, _))| *s)
+                    .map_or(0, |(i, _)| i);
+                window[oldest] = (Some(now), 0);
                 oldest
             }
-        }
+        };
+        window[i].1 += 1;
     }
 
-    fn totals(&self, now: Instant, buckets: &[(Option<Instant>, u32, u32); BUCKETS]) -> (u32, u32) {
-        let window = self.bucket * BUCKETS as u32;
-        buckets
+    /// What `window` counted over the last window length at `now`.
+    fn total(&self, now: Instant, window: &Window) -> u32 {
+        let span = self.bucket * BUCKETS as u32;
+        window
             .iter()
-            .filter(|(s, _, _)| s.is_some_and(|s| now.duration_since(s) < window))
-            .fold((0, 0), |(r, t), (_, req, ret)| (r + req, t + ret))
+            .filter(|(s, _)| s.is_some_and(|s| now.duration_since(s) < span))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// Counts a request.
     pub fn request(&self, now: Instant) {
-        let mut b = self.inner.lock().expect("budget lock");
-        let i = self.slot(now, &mut b);
-        b[i].1 += 1;
+        let mut window = self.requests.mine().lock().expect("budget lock");
+        self.count(now, &mut window);
     }
 
     /// Takes a retry from the budget, if there is one.
     pub fn try_retry(&self, now: Instant) -> bool {
-        let mut b = self.inner.lock().expect("budget lock");
-        let (requests, retries) = self.totals(now, &b);
+        let requests: u32 = self
+            .requests
+            .iter()
+            .map(|w| self.total(now, &w.lock().expect("budget lock")))
+            .sum();
+        let mut retries = self.retries.lock().expect("budget lock");
         let allowed = f64::from(requests) * self.ratio + f64::from(self.min);
-        if f64::from(retries) + 1.0 > allowed {
+        if f64::from(self.total(now, &retries)) + 1.0 > allowed {
             return false;
         }
-        let i = self.slot(now, &mut b);
-        b[i].2 += 1;
+        self.count(now, &mut retries);
         true
     }
 }
@@ -92,5 +107,28 @@ mod tests {
         assert_eq!(granted, 22, "20 % of 100, plus the minimum of 2");
         let later = now + Duration::from_secs(11);
         assert!(budget.try_retry(later), "the window moved on");
+    }
+
+    #[tokio::test]
+    async fn requests_counted_on_every_worker_make_one_budget() {
+        let budget = std::sync::Arc::new(RetryBudget::new(0.5, 0, Duration::from_secs(10)));
+        let now = Instant::now();
+        let workers = stanch_net::Workers::start(2, "test-budget").unwrap();
+        for worker in 0..2 {
+            let budget = budget.clone();
+            workers
+                .spawn_on(worker, async move {
+                    for _ in 0..10 {
+                        budget.request(now);
+                    }
+                })
+                .await
+                .unwrap();
+        }
+        let granted = (0..20).filter(|_| budget.try_retry(now)).count();
+        assert_eq!(
+            granted, 10,
+            "half of the 20 requests, wherever they were counted"
+        );
     }
 }

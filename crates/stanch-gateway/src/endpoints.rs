@@ -60,9 +60,9 @@ pub struct Endpoint {
 #[derive(Debug)]
 pub(crate) struct HotCounters {
     /// `requests_total` for its own model answered by it, 2xx, success.
-    pub requests_ok: prometheus_client::metrics::counter::Counter,
+    pub requests_ok: crate::metrics::WorkerCounter,
     /// `upstream_attempts_total` for it, success.
-    pub attempts_ok: prometheus_client::metrics::counter::Counter,
+    pub attempts_ok: crate::metrics::WorkerCounter,
 }
 
 #[derive(Debug, Default)]

@@ -14,6 +14,7 @@ pub mod faq;
 mod json;
 pub mod metrics;
 pub mod outcome;
+mod per_worker;
 mod proxy;
 mod sse;
 mod upstream;
@@ -41,10 +42,10 @@ use crate::budget::RetryBudget;
 use crate::config::{GatewayConfig, is_glob, secret};
 use crate::endpoints::{Endpoint, glob};
 use crate::faq::Faq;
+use crate::metrics::WorkerHistogram;
 use crate::metrics::{
     AttemptLabels, EndpointLabels, Metrics, ModelLabel, ProbeLabels, RequestLabels, WorkerLabel,
 };
-use prometheus_client::metrics::histogram::Histogram;
 
 /// A configured model, ready to serve.
 pub(crate) struct ModelPlan {
@@ -71,7 +72,8 @@ pub struct Gateway {
     /// How connections are made: the endpoints' pools and the controller's.
     pub(crate) connector: upstream::Connector,
     /// Per-model latency and time-to-first-token histograms, resolved once.
-    pub(crate) model_histograms: std::collections::HashMap<String, (Histogram, Histogram)>,
+    pub(crate) model_histograms:
+        std::collections::HashMap<String, (WorkerHistogram, WorkerHistogram)>,
     pub(crate) clock: Arc<dyn Clock>,
     /// The worker threads' connection counts, when it serves on workers.
     workers: std::sync::OnceLock<stanch_net::Load>,

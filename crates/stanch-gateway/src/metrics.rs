@@ -1,12 +1,123 @@
 //! The gateway's metrics, named in one place. Labels are bounded: models and endpoint
 //! URLs come from the configuration, never from requests.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::{self, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
+
+use crate::per_worker::PerWorker;
+
+/// A counter that every request moves, kept per worker thread.
+pub type WorkerCounter = Counter<u64, CounterShares>;
+
+/// A counter's value as a share per worker thread, summed when read.
+#[derive(Debug, Default)]
+pub struct CounterShares(PerWorker<AtomicU64>);
+
+impl counter::Atomic<u64> for CounterShares {
+    fn inc(&self) -> u64 {
+        self.inc_by(1)
+    }
+
+    /// Returns this thread's share before the increment (not the total: summing the
+    /// shares would read every worker's cache line, which is what this avoids).
+    fn inc_by(&self, v: u64) -> u64 {
+        self.0.mine().fetch_add(v, Ordering::Relaxed)
+    }
+
+    fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// A histogram kept as a share per worker thread (a single one is a lock that every
+/// request takes, on every core), summed when scraped.
+#[derive(Debug, Clone)]
+pub struct WorkerHistogram(Arc<Shares>);
+
+#[derive(Debug)]
+struct Shares {
+    /// Upper bounds, ascending; `+Inf` is implied.
+    bounds: Box<[f64]>,
+    shares: PerWorker<Mutex<Share>>,
+}
+
+/// One thread's observations.
+#[derive(Debug)]
+struct Share {
+    sum: f64,
+    count: u64,
+    /// Per bucket (not cumulative), `+Inf` last.
+    buckets: Box<[u64]>,
+}
+
+impl WorkerHistogram {
+    /// A histogram with these upper bounds (ascending).
+    pub fn new(bounds: impl IntoIterator<Item = f64>) -> WorkerHistogram {
+        let bounds: Box<[f64]> = bounds.into_iter().collect();
+        let shares = PerWorker::new(|| {
+            Mutex::new(Share {
+                sum: 0.0,
+                count: 0,
+                buckets: vec![0; bounds.len() + 1].into(),
+            })
+        });
+        WorkerHistogram(Arc::new(Shares { bounds, shares }))
+    }
+
+    /// Counts `v` in the first bucket whose bound is at least `v`.
+    pub fn observe(&self, v: f64) {
+        let bucket = self.0.bounds.partition_point(|b| *b < v);
+        let mut share = self.0.shares.mine().lock().expect("histogram lock");
+        share.sum += v;
+        share.count += 1;
+        share.buckets[bucket] += 1;
+    }
+
+    /// (sum, count, per-bucket counts with their bounds), over every thread's share.
+    fn total(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut buckets: Vec<(f64, u64)> = self
+            .0
+            .bounds
+            .iter()
+            .copied()
+            .chain([f64::MAX])
+            .map(|b| (b, 0))
+            .collect();
+        let (mut sum, mut count) = (0.0, 0);
+        for share in self.0.shares.iter() {
+            let share = share.lock().expect("histogram lock");
+            sum += share.sum;
+            count += share.count;
+            for (total, n) in buckets.iter_mut().zip(&share.buckets) {
+                total.1 += n;
+            }
+        }
+        (sum, count, buckets)
+    }
+}
+
+impl TypedMetric for WorkerHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for WorkerHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (sum, count, buckets) = self.total();
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
 
 /// Labels of a finished request.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -88,13 +199,13 @@ pub struct WorkerLabel {
 pub struct Metrics {
     registry: Registry,
     /// Requests by model, served model, pool, endpoint, status class and outcome.
-    pub requests: Family<RequestLabels, Counter>,
+    pub requests: Family<RequestLabels, WorkerCounter>,
     /// Upstream attempts by model, pool, endpoint and outcome (the alerting rules' input).
-    pub attempts: Family<AttemptLabels, Counter>,
+    pub attempts: Family<AttemptLabels, WorkerCounter>,
     /// Request latency (to the last byte), by model.
-    pub latency: Family<ModelLabel, Histogram>,
+    pub latency: Family<ModelLabel, WorkerHistogram>,
     /// Time to first token of streamed answers, by model.
-    pub ttft: Family<ModelLabel, Histogram>,
+    pub ttft: Family<ModelLabel, WorkerHistogram>,
     /// Requests turned away before routing (bad JSON, unknown model, unknown key, too
     /// large), by kind: bounded, unlike the names callers send.
     pub rejected: Family<KindLabel, Counter>,
@@ -146,7 +257,7 @@ impl Metrics {
     /// Registers every metric.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("stanch_gateway");
-        let histogram = || Histogram::new(exponential_buckets(0.000_5, 2.0, 18));
+        let histogram = || WorkerHistogram::new(exponential_buckets(0.000_5, 2.0, 18));
         let m = Metrics {
             registry: Registry::default(),
             requests: Family::default(),
@@ -277,5 +388,69 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn shares_kept_on_every_worker_are_scraped_as_one_series() {
+        let metrics = Arc::new(Metrics::new());
+        let model = ModelLabel { model: "m".into() };
+        let workers = stanch_net::Workers::start(2, "test-metrics").unwrap();
+        // 0.3 ms, 3 ms and 300 s: in the first bucket (0.5 ms), the fourth (4 ms), +Inf.
+        for (worker, seconds) in [(0, 0.000_3), (1, 0.003), (1, 300.0)] {
+            let (metrics, model) = (metrics.clone(), model.clone());
+            workers
+                .spawn_on(worker, async move {
+                    metrics.latency.get_or_create(&model).observe(seconds);
+                    let labels = AttemptLabels {
+                        model: "m".into(),
+                        pool: "p".into(),
+                        endpoint: "e".into(),
+                        outcome: "success",
+                    };
+                    metrics.attempts.get_or_create(&labels).inc();
+                })
+                .await
+                .unwrap();
+        }
+        let text = metrics.encode();
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(
+            line(
+                r#"stanch_gateway_upstream_attempts_total{model="m",pool="p",endpoint="e",outcome="success"}"#
+            ),
+            "3"
+        );
+        assert_eq!(
+            line(r#"stanch_gateway_request_duration_seconds_count{model="m"}"#),
+            "3"
+        );
+        let sum: f64 = line(r#"stanch_gateway_request_duration_seconds_sum{model="m"}"#)
+            .parse()
+            .unwrap();
+        assert!((sum - 300.0033).abs() < 1e-9, "{sum}");
+        // Cumulative, as Prometheus reads buckets.
+        let bucket = |le: &str| {
+            line(&format!(
+                r#"stanch_gateway_request_duration_seconds_bucket{{le="{le}",model="m"}}"#
+            ))
+        };
+        assert_eq!(bucket("0.0005"), "1");
+        assert_eq!(bucket("0.002"), "1");
+        assert_eq!(bucket("0.004"), "2");
+        assert_eq!(bucket("65.536"), "2");
+        assert_eq!(bucket("+Inf"), "3");
     }
 }

@@ -39,7 +39,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
-/// Idle connections kept per endpoint at most; a burst beyond this opens and closes.
+/// Idle connections kept per endpoint and worker thread at most; a burst beyond this
+/// opens and closes.
 const MAX_IDLE: usize = 256;
 /// The least time between two warnings about an endpoint's TLS failures.
 const TLS_WARNING_EVERY: Duration = Duration::from_secs(60);
@@ -153,9 +154,18 @@ struct Shared {
     /// When a TLS failure was last logged as a warning (at most one a minute: a
     /// misconfigured CA fails every request).
     tls_warned: Mutex<Option<Instant>>,
-    /// Oldest at the front, newest at the back; reuse takes the newest.
-    idle: Mutex<VecDeque<Idle>>,
+    /// Idle connections, a shelf per worker thread (and one, the first, for any other
+    /// thread): a worker takes and returns its own connections under a lock that no
+    /// other core touches, and takes another's only when it has none of its own.
+    shelves: Box<[Shelf]>,
 }
+
+/// One thread's idle connections: oldest at the front, newest at the back; reuse
+/// takes the newest. Aligned to its own cache lines, so that two workers' shelves
+/// never share one.
+#[derive(Default)]
+#[repr(align(128))]
+struct Shelf(Mutex<VecDeque<Idle>>);
 
 /// A connection, idle since a moment.
 struct Idle {
@@ -225,7 +235,10 @@ impl Pool {
                 connector,
                 opened: OnceLock::new(),
                 tls_warned: Mutex::new(None),
-                idle: Mutex::new(VecDeque::new()),
+                // Workers are a thread per core unless told otherwise; more share.
+                shelves: (0..=std::thread::available_parallelism().map_or(1, usize::from))
+                    .map(|_| Shelf::default())
+                    .collect(),
             }),
         })
     }
@@ -261,7 +274,11 @@ impl Pool {
 
     /// Idle connections held now.
     pub fn idle_count(&self) -> usize {
-        self.shared.idle.lock().expect("pool lock").len()
+        self.shared
+            .shelves
+            .iter()
+            .map(|shelf| shelf.0.lock().expect("pool lock").len())
+            .sum()
     }
 
     /// Sends `request` (origin-form URI, `Host` set) and waits for response headers.
@@ -317,24 +334,39 @@ impl Pool {
 impl Shared {
     /// The newest idle connection still worth using, this worker's own first.
     fn checkout(&self) -> Option<Conn> {
-        let here = stanch_net::worker_index();
-        let mut idle = self.idle.lock().expect("pool lock");
-        self.expire(&mut idle, Instant::now());
-        let open = |e: &Idle| !e.conn.send.is_closed();
-        let pick = idle
-            .iter()
-            .rposition(|e| e.conn.worker == here && open(e))
-            .or_else(|| idle.iter().rposition(open))?;
+        let now = Instant::now();
+        let own = self.shelf_of(stanch_net::worker_index());
+        self.take(own, now).or_else(|| {
+            (0..self.shelves.len())
+                .filter(|&i| i != own)
+                .find_map(|i| self.take(i, now))
+        })
+    }
+
+    /// The shelf of connections driven by `worker`'s runtime.
+    fn shelf_of(&self, worker: Option<usize>) -> usize {
+        worker.map_or(0, |w| 1 + w % (self.shelves.len() - 1))
+    }
+
+    /// The newest open connection on shelf `i`.
+    fn take(&self, i: usize, now: Instant) -> Option<Conn> {
+        let mut idle = self.shelves[i].0.lock().expect("pool lock");
+        self.expire(&mut idle, now);
+        let pick = idle.iter().rposition(|e| !e.conn.send.is_closed())?;
         idle.remove(pick).map(|e| e.conn)
     }
 
-    /// Puts a connection whose response was read to the end back for reuse.
+    /// Puts a connection whose response was read to the end back for reuse, on the
+    /// shelf of the worker that drives it.
     fn checkin(&self, conn: Conn) {
         if conn.send.is_closed() {
             return;
         }
         let now = Instant::now();
-        let mut idle = self.idle.lock().expect("pool lock");
+        let mut idle = self.shelves[self.shelf_of(conn.worker)]
+            .0
+            .lock()
+            .expect("pool lock");
         self.expire(&mut idle, now);
         if idle.len() < MAX_IDLE {
             idle.push_back(Idle { conn, since: now });

@@ -33,7 +33,12 @@ impl<T> PerWorker<T> {
 
     /// The share of the thread running now.
     pub(crate) fn mine(&self) -> &T {
-        let i = stanch_net::worker_index().map_or(0, |w| 1 + w % (self.0.len() - 1));
+        self.of(stanch_net::worker_index())
+    }
+
+    /// The share of worker thread `worker` (`None`: any other thread).
+    pub(crate) fn of(&self, worker: Option<usize>) -> &T {
+        let i = worker.map_or(0, |w| 1 + w % (self.0.len() - 1));
         &self.0[i].0
     }
 

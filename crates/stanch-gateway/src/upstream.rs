@@ -39,6 +39,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
+use crate::per_worker::PerWorker;
+
 /// Idle connections kept per endpoint and worker thread at most; a burst beyond this
 /// opens and closes.
 const MAX_IDLE: usize = 256;
@@ -157,15 +159,12 @@ struct Shared {
     /// Idle connections, a shelf per worker thread (and one, the first, for any other
     /// thread): a worker takes and returns its own connections under a lock that no
     /// other core touches, and takes another's only when it has none of its own.
-    shelves: Box<[Shelf]>,
+    shelves: PerWorker<Mutex<Shelf>>,
 }
 
 /// One thread's idle connections: oldest at the front, newest at the back; reuse
-/// takes the newest. Aligned to its own cache lines, so that two workers' shelves
-/// never share one.
-#[derive(Default)]
-#[repr(align(128))]
-struct Shelf(Mutex<VecDeque<Idle>>);
+/// takes the newest.
+type Shelf = VecDeque<Idle>;
 
 /// A connection, idle since a moment.
 struct Idle {
@@ -235,10 +234,7 @@ impl Pool {
                 connector,
                 opened: OnceLock::new(),
                 tls_warned: Mutex::new(None),
-                // Workers are a thread per core unless told otherwise; more share.
-                shelves: (0..=std::thread::available_parallelism().map_or(1, usize::from))
-                    .map(|_| Shelf::default())
-                    .collect(),
+                shelves: PerWorker::default(),
             }),
         })
     }
@@ -277,7 +273,7 @@ impl Pool {
         self.shared
             .shelves
             .iter()
-            .map(|shelf| shelf.0.lock().expect("pool lock").len())
+            .map(|shelf| shelf.lock().expect("pool lock").len())
             .sum()
     }
 
@@ -335,24 +331,26 @@ impl Shared {
     /// The newest idle connection still worth using, this worker's own first.
     fn checkout(&self) -> Option<Conn> {
         let now = Instant::now();
-        let own = self.shelf_of(stanch_net::worker_index());
-        self.take(own, now).or_else(|| {
-            (0..self.shelves.len())
-                .filter(|&i| i != own)
-                .find_map(|i| self.take(i, now))
+        let here = stanch_net::worker_index();
+        let own = self.shelves.of(here);
+        self.take(own, here, now).or_else(|| {
+            self.shelves
+                .iter()
+                .filter(|shelf| !std::ptr::eq(*shelf, own))
+                .find_map(|shelf| self.take(shelf, here, now))
         })
     }
 
-    /// The shelf of connections driven by `worker`'s runtime.
-    fn shelf_of(&self, worker: Option<usize>) -> usize {
-        worker.map_or(0, |w| 1 + w % (self.shelves.len() - 1))
-    }
-
-    /// The newest open connection on shelf `i`.
-    fn take(&self, i: usize, now: Instant) -> Option<Conn> {
-        let mut idle = self.shelves[i].0.lock().expect("pool lock");
+    /// The newest open connection on `shelf`, one that worker `here` drives first (a
+    /// shelf is shared when there are more workers than shares).
+    fn take(&self, shelf: &Mutex<Shelf>, here: Option<usize>, now: Instant) -> Option<Conn> {
+        let mut idle = shelf.lock().expect("pool lock");
         self.expire(&mut idle, now);
-        let pick = idle.iter().rposition(|e| !e.conn.send.is_closed())?;
+        let open = |e: &Idle| !e.conn.send.is_closed();
+        let pick = idle
+            .iter()
+            .rposition(|e| e.conn.worker == here && open(e))
+            .or_else(|| idle.iter().rposition(open))?;
         idle.remove(pick).map(|e| e.conn)
     }
 
@@ -363,10 +361,7 @@ impl Shared {
             return;
         }
         let now = Instant::now();
-        let mut idle = self.shelves[self.shelf_of(conn.worker)]
-            .0
-            .lock()
-            .expect("pool lock");
+        let mut idle = self.shelves.of(conn.worker).lock().expect("pool lock");
         self.expire(&mut idle, now);
         if idle.len() < MAX_IDLE {
             idle.push_back(Idle { conn, since: now });
@@ -376,7 +371,7 @@ impl Shared {
     /// Drops (which closes) the connections idle for longer than the idle timeout:
     /// the oldest are at the front. Closed ones left among the rest go when they
     /// expire.
-    fn expire(&self, idle: &mut VecDeque<Idle>, now: Instant) {
+    fn expire(&self, idle: &mut Shelf, now: Instant) {
         while idle
             .front()
             .is_some_and(|e| now.duration_since(e.since) > self.connector.idle_timeout)

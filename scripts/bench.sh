@@ -14,7 +14,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 cargo build --release -p stanch -p stanch-gateway -p stanch-mock -p stanch-bench
 target/release/stanch-bench controller --stanch target/release/stanch --fanout-rounds 100
-target/release/stanch-bench gateway --rounds 5
+target/release/stanch-bench gateway --rounds 7
+target/release/stanch-bench gateway --throughput-only --rounds 20
 target/release/stanch-bench gateway --gateway-threads 1
 target/release/stanch-bench gateway --stream
 scripts/bench-instructions.sh

@@ -614,6 +614,27 @@ mod tests {
         endpoint(url, 1, None, alone).unwrap()
     }
 
+    /// Records `outcome`, sent and known at `now` (taking no time).
+    fn record_at(
+        e: &Endpoint,
+        outcome: &Outcome,
+        p: &BlockingPolicy,
+        now: Instant,
+    ) -> Option<NewBlock> {
+        e.record(outcome, now, Duration::ZERO, p, now, Timestamp(0))
+    }
+
+    /// Records `outcome`, known at `done`, `took` after it was sent.
+    fn record_took(
+        e: &Endpoint,
+        outcome: &Outcome,
+        p: &BlockingPolicy,
+        took: Duration,
+        done: Instant,
+    ) -> Option<NewBlock> {
+        e.record(outcome, done - took, took, p, done, Timestamp(0))
+    }
+
     fn policy() -> BlockingPolicy {
         BlockingPolicy {
             consecutive_failures: 3,
@@ -667,30 +688,16 @@ mod tests {
         let e = ep("http://a", false);
         let (p, now) = (policy(), Instant::now());
         let fail = Outcome::ServerError(503);
-        e.record(
-            &Outcome::Success,
-            now,
-            Duration::ZERO,
-            &p,
-            now,
-            Timestamp(0),
-        );
+        record_at(&e, &Outcome::Success, &p, now);
         for _ in 0..3 {
-            e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0));
+            record_at(&e, &fail, &p, now);
         }
         assert!(e.blocked(now).is_some());
         assert_eq!(e.counts(), (1, 3, 0), "the block ended the run");
         assert_eq!(e.report_counts(), (1, 3, 3), "the report still carries it");
         assert_eq!(e.report_counts(), (1, 3, 0), "once");
-        e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0));
-        e.record(
-            &Outcome::Success,
-            now,
-            Duration::ZERO,
-            &p,
-            now,
-            Timestamp(0),
-        );
+        record_at(&e, &fail, &p, now);
+        record_at(&e, &Outcome::Success, &p, now);
         assert_eq!(e.report_counts(), (2, 4, 1));
     }
 
@@ -704,41 +711,19 @@ mod tests {
         let start = Instant::now();
         let fail = Outcome::ServerError(503);
         let at = |ms| start + Duration::from_millis(ms);
-        e.record(
-            &fail,
-            at(100) - Duration::from_millis(5),
-            Duration::from_millis(5),
-            &p,
-            at(100),
-            Timestamp(0),
-        );
+        record_took(&e, &fail, &p, Duration::from_millis(5), at(100));
         // Sent at 90 ms, before the first failure was seen at 100 ms.
-        e.record(
+        record_took(
+            &e,
             &Outcome::Success,
-            at(110) - Duration::from_millis(20),
-            Duration::from_millis(20),
             &p,
+            Duration::from_millis(20),
             at(110),
-            Timestamp(0),
         );
         assert_eq!(e.counts().2, 1, "the run goes on");
-        let b = e.record(
-            &fail,
-            at(120) - Duration::from_millis(5),
-            Duration::from_millis(5),
-            &p,
-            at(120),
-            Timestamp(0),
-        );
+        let b = record_took(&e, &fail, &p, Duration::from_millis(5), at(120));
         assert!(b.is_none());
-        let b = e.record(
-            &fail,
-            at(130) - Duration::from_millis(5),
-            Duration::from_millis(5),
-            &p,
-            at(130),
-            Timestamp(0),
-        );
+        let b = record_took(&e, &fail, &p, Duration::from_millis(5), at(130));
         assert_eq!(
             b.map(|b| b.trigger),
             Some("consecutive_failures"),
@@ -747,23 +732,9 @@ mod tests {
 
         // After the block: a success sent after a new run began ends it.
         let later = at(130) + Duration::from_secs(120);
-        e.record(
-            &fail,
-            later - Duration::from_millis(5),
-            Duration::from_millis(5),
-            &p,
-            later,
-            Timestamp(0),
-        );
+        record_took(&e, &fail, &p, Duration::from_millis(5), later);
         let then = later + Duration::from_millis(50);
-        e.record(
-            &Outcome::Success,
-            then - Duration::from_millis(20),
-            Duration::from_millis(20),
-            &p,
-            then,
-            Timestamp(0),
-        );
+        record_took(&e, &Outcome::Success, &p, Duration::from_millis(20), then);
         assert_eq!(e.counts().2, 0, "sent 30 ms after the failure");
     }
 
@@ -773,17 +744,9 @@ mod tests {
         let p = policy();
         let now = Instant::now();
         let fail = Outcome::ServerError(503);
-        assert!(
-            e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0))
-                .is_none()
-        );
-        assert!(
-            e.record(&fail, now, Duration::ZERO, &p, now, Timestamp(0))
-                .is_none()
-        );
-        let b = e
-            .record(&fail, now, Duration::ZERO, &p, now, Timestamp(0))
-            .expect("third failure blocks");
+        assert!(record_at(&e, &fail, &p, now).is_none());
+        assert!(record_at(&e, &fail, &p, now).is_none());
+        let b = record_at(&e, &fail, &p, now).expect("third failure blocks");
         assert_eq!(
             (b.ttl, b.strikes, b.trigger),
             (Duration::from_secs(60), 1, "consecutive_failures")
@@ -792,11 +755,9 @@ mod tests {
         let later = now + Duration::from_secs(61);
         assert!(e.blocked(later).is_none());
         for _ in 0..2 {
-            e.record(&fail, later, Duration::ZERO, &p, later, Timestamp(0));
+            record_at(&e, &fail, &p, later);
         }
-        let b = e
-            .record(&fail, later, Duration::ZERO, &p, later, Timestamp(0))
-            .unwrap();
+        let b = record_at(&e, &fail, &p, later).unwrap();
         assert_eq!(
             (b.ttl, b.strikes),
             (Duration::from_secs(120), 2),
@@ -810,53 +771,20 @@ mod tests {
         let p = policy();
         let now = Instant::now();
         for _ in 0..10 {
-            assert!(
-                e.record(
-                    &Outcome::CallerFault(400),
-                    now,
-                    Duration::ZERO,
-                    &p,
-                    now,
-                    Timestamp(0)
-                )
-                .is_none()
-            );
+            assert!(record_at(&e, &Outcome::CallerFault(400), &p, now).is_none());
         }
-        e.record(
-            &Outcome::ServerError(500),
-            now,
-            Duration::ZERO,
-            &p,
-            now,
-            Timestamp(0),
-        );
+        record_at(&e, &Outcome::ServerError(500), &p, now);
         // Sent after the failure was seen, so it ends the run.
-        e.record(
+        record_took(
+            &e,
             &Outcome::Success,
-            now + Duration::from_millis(10) - Duration::from_millis(5),
+            &p,
             Duration::from_millis(5),
-            &p,
             now + Duration::from_millis(10),
-            Timestamp(0),
         );
-        e.record(
-            &Outcome::ServerError(500),
-            now,
-            Duration::ZERO,
-            &p,
-            now,
-            Timestamp(0),
-        );
+        record_at(&e, &Outcome::ServerError(500), &p, now);
         assert!(
-            e.record(
-                &Outcome::ServerError(500),
-                now,
-                Duration::ZERO,
-                &p,
-                now,
-                Timestamp(0)
-            )
-            .is_none(),
+            record_at(&e, &Outcome::ServerError(500), &p, now).is_none(),
             "the run was broken"
         );
     }
@@ -872,41 +800,13 @@ mod tests {
             ..BlockingPolicy::default()
         };
         let e = ep("http://a", false);
-        e.record(
-            &Outcome::Success,
-            now,
-            Duration::ZERO,
-            &rate,
-            now,
-            Timestamp(0),
-        );
-        e.record(
-            &Outcome::Connect,
-            now,
-            Duration::ZERO,
-            &rate,
-            now,
-            Timestamp(0),
-        );
-        e.record(
-            &Outcome::Success,
-            now,
-            Duration::ZERO,
-            &rate,
-            now,
-            Timestamp(0),
-        );
+        record_at(&e, &Outcome::Success, &rate, now);
+        record_at(&e, &Outcome::Connect, &rate, now);
+        record_at(&e, &Outcome::Success, &rate, now);
         assert_eq!(
-            e.record(
-                &Outcome::Connect,
-                now,
-                Duration::ZERO,
-                &rate,
-                now,
-                Timestamp(0)
-            )
-            .unwrap()
-            .trigger,
+            record_at(&e, &Outcome::Connect, &rate, now)
+                .unwrap()
+                .trigger,
             "failure_rate"
         );
 
@@ -916,46 +816,18 @@ mod tests {
         };
         let c = ep("http://canary-1", false);
         for _ in 0..5 {
-            assert!(
-                c.record(
-                    &Outcome::Connect,
-                    now,
-                    Duration::ZERO,
-                    &never,
-                    now,
-                    Timestamp(0)
-                )
-                .is_none()
-            );
+            assert!(record_at(&c, &Outcome::Connect, &never, now).is_none());
         }
 
         let alone = ep("http://solo", true);
         let p = policy();
         for _ in 0..3 {
-            alone.record(
-                &Outcome::Connect,
-                now,
-                Duration::ZERO,
-                &p,
-                now,
-                Timestamp(0),
-            );
+            record_at(&alone, &Outcome::Connect, &p, now);
         }
         assert!(alone.blocked(now).is_some(), "a first block is allowed");
         let later = now + Duration::from_secs(61);
         for _ in 0..3 {
-            assert!(
-                alone
-                    .record(
-                        &Outcome::Connect,
-                        later,
-                        Duration::ZERO,
-                        &p,
-                        later,
-                        Timestamp(0)
-                    )
-                    .is_none()
-            );
+            assert!(record_at(&alone, &Outcome::Connect, &p, later).is_none());
         }
         assert!(
             alone.blocked(later).is_none(),
@@ -973,32 +845,17 @@ mod tests {
             ep("http://blocked", false),
         );
         for _ in 0..5 {
-            fast.record(
+            record_took(&fast, &Outcome::Success, &p, Duration::from_millis(5), now);
+            record_took(
+                &slow,
                 &Outcome::Success,
-                now - Duration::from_millis(5),
-                Duration::from_millis(5),
                 &p,
-                now,
-                Timestamp(0),
-            );
-            slow.record(
-                &Outcome::Success,
-                now - Duration::from_millis(500),
                 Duration::from_millis(500),
-                &p,
                 now,
-                Timestamp(0),
             );
         }
         for _ in 0..3 {
-            blocked.record(
-                &Outcome::Connect,
-                now,
-                Duration::ZERO,
-                &p,
-                now,
-                Timestamp(0),
-            );
+            record_at(&blocked, &Outcome::Connect, &p, now);
         }
         let all = [&fast, &slow, &blocked];
         let mut fast_picks = 0;
@@ -1028,14 +885,7 @@ mod tests {
         // Every candidate blocked: the one whose block ends soonest, whoever made it.
         let (local, by_table) = (ep("http://local", false), ep("http://by-table", false));
         for _ in 0..3 {
-            local.record(
-                &Outcome::Connect,
-                now,
-                Duration::ZERO,
-                &p,
-                now,
-                Timestamp(0),
-            );
+            record_at(&local, &Outcome::Connect, &p, now);
         }
         let table = |e: &Endpoint| (e.url == "http://by-table").then_some(Duration::from_secs(300));
         let (e, all_blocked) = choose(&[&local, &by_table], table, now, Duration::ZERO).unwrap();
@@ -1058,65 +908,19 @@ mod tests {
         let e = ep("http://a", false);
         // Successes in between: never three in a row, yet three within the window.
         for _ in 0..2 {
-            e.record(
-                &Outcome::Connect,
-                now,
-                Duration::ZERO,
-                &window,
-                now,
-                Timestamp(0),
-            );
-            e.record(
-                &Outcome::Success,
-                now,
-                Duration::ZERO,
-                &window,
-                now,
-                Timestamp(0),
-            );
+            record_at(&e, &Outcome::Connect, &window, now);
+            record_at(&e, &Outcome::Success, &window, now);
         }
-        let block = e
-            .record(
-                &Outcome::Connect,
-                now,
-                Duration::ZERO,
-                &window,
-                now,
-                Timestamp(0),
-            )
+        let block = record_at(&e, &Outcome::Connect, &window, now)
             .expect("the third failure in the window blocks");
         assert_eq!(block.trigger, "window_failures");
 
         // Failures older than the window no longer count.
         let f = ep("http://b", false);
-        f.record(
-            &Outcome::Connect,
-            now,
-            Duration::ZERO,
-            &window,
-            now,
-            Timestamp(0),
-        );
-        f.record(
-            &Outcome::Connect,
-            now,
-            Duration::ZERO,
-            &window,
-            now,
-            Timestamp(0),
-        );
+        record_at(&f, &Outcome::Connect, &window, now);
+        record_at(&f, &Outcome::Connect, &window, now);
         let later = now + window.window.0 + Duration::from_secs(1);
-        assert!(
-            f.record(
-                &Outcome::Connect,
-                later,
-                Duration::ZERO,
-                &window,
-                later,
-                Timestamp(0)
-            )
-            .is_none()
-        );
+        assert!(record_at(&f, &Outcome::Connect, &window, later).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -1126,14 +930,7 @@ mod tests {
         let heavy = endpoint("http://heavy", 3, None, false).unwrap();
         let light = ep("http://light", false);
         for e in [&heavy, &light] {
-            e.record(
-                &Outcome::Success,
-                now - Duration::from_millis(50),
-                Duration::from_millis(50),
-                &p,
-                now,
-                Timestamp(0),
-            );
+            record_took(e, &Outcome::Success, &p, Duration::from_millis(50), now);
         }
         let share = |a: &Endpoint, b: &Endpoint, at: Instant, slow_start: Duration| {
             (0..300)
@@ -1149,25 +946,11 @@ mod tests {
         let back = ep("http://back", false);
         let peer = ep("http://peer", false);
         for _ in 0..3 {
-            back.record(
-                &Outcome::Connect,
-                now,
-                Duration::ZERO,
-                &p,
-                now,
-                Timestamp(0),
-            );
+            record_at(&back, &Outcome::Connect, &p, now);
         }
         let ended = now + Duration::from_secs(61);
         for e in [&back, &peer] {
-            e.record(
-                &Outcome::Success,
-                ended - Duration::from_millis(50),
-                Duration::from_millis(50),
-                &p,
-                ended,
-                Timestamp(0),
-            );
+            record_took(e, &Outcome::Success, &p, Duration::from_millis(50), ended);
         }
         let slow_start = Duration::from_secs(30);
         assert_eq!(

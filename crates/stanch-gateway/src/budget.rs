@@ -7,23 +7,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::per_worker::PerWorker;
+use crate::window::Window;
 
-const BUCKETS: usize = 10;
-
-/// Counts over a sliding window, in ten buckets: (bucket start, count).
-type Window = [(Option<Instant>, u32); BUCKETS];
-
-/// A sliding-window budget in ten buckets.
+/// A sliding-window budget.
 #[derive(Debug)]
 pub struct RetryBudget {
     ratio: f64,
     min: u32,
-    bucket: Duration,
+    window: Duration,
     /// Requests, a window per worker thread: every request counts itself, and one
     /// window for all would be a lock taken by every request on every core.
-    requests: PerWorker<Mutex<Window>>,
+    requests: PerWorker<Mutex<Window<u32>>>,
     /// Retries, rarer: one window.
-    retries: Mutex<Window>,
+    retries: Mutex<Window<u32>>,
 }
 
 impl RetryBudget {
@@ -32,47 +28,16 @@ impl RetryBudget {
         RetryBudget {
             ratio,
             min,
-            bucket: window / BUCKETS as u32,
-            requests: PerWorker::new(|| Mutex::new([(None, 0); BUCKETS])),
-            retries: Mutex::new([(None, 0); BUCKETS]),
+            window,
+            requests: PerWorker::default(),
+            retries: Mutex::default(),
         }
-    }
-
-    /// Adds one to `window` at `now`: to the bucket that started less than one bucket
-    /// length ago, else to the oldest, reset.
-    fn count(&self, now: Instant, window: &mut Window) {
-        let current = window
-            .iter()
-            .position(|(start, _)| start.is_some_and(|s| now.duration_since(s) < self.bucket));
-        let i = match current {
-            Some(i) => i,
-            None => {
-                let oldest = window
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, (s, _))| *s)
-                    .map_or(0, |(i, _)| i);
-                window[oldest] = (Some(now), 0);
-                oldest
-            }
-        };
-        window[i].1 += 1;
-    }
-
-    /// What `window` counted over the last window length at `now`.
-    fn total(&self, now: Instant, window: &Window) -> u32 {
-        let span = self.bucket * BUCKETS as u32;
-        window
-            .iter()
-            .filter(|(s, _)| s.is_some_and(|s| now.duration_since(s) < span))
-            .map(|(_, n)| n)
-            .sum()
     }
 
     /// Counts a request.
     pub fn request(&self, now: Instant) {
-        let mut window = self.requests.mine().lock().expect("budget lock");
-        self.count(now, &mut window);
+        let mut requests = self.requests.mine().lock().expect("budget lock");
+        *requests.at(now, self.window) += 1;
     }
 
     /// Takes a retry from the budget, if there is one.
@@ -80,14 +45,19 @@ impl RetryBudget {
         let requests: u32 = self
             .requests
             .iter()
-            .map(|w| self.total(now, &w.lock().expect("budget lock")))
+            .map(|w| {
+                w.lock()
+                    .expect("budget lock")
+                    .within(now, self.window)
+                    .sum::<u32>()
+            })
             .sum();
         let mut retries = self.retries.lock().expect("budget lock");
         let allowed = f64::from(requests) * self.ratio + f64::from(self.min);
-        if f64::from(self.total(now, &retries)) + 1.0 > allowed {
+        if f64::from(retries.within(now, self.window).sum::<u32>()) + 1.0 > allowed {
             return false;
         }
-        self.count(now, &mut retries);
+        *retries.at(now, self.window) += 1;
         true
     }
 }

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::config::BlockingPolicy;
 use crate::outcome::Outcome;
 use crate::upstream::{self, Connector, Pool};
+use crate::window::Window;
 
 /// EWMA smoothing factor.
 const ALPHA: f64 = 0.3;
@@ -74,7 +75,8 @@ struct Health {
     /// The longest run of failures since the last outcome report: a block resets the
     /// run, and the controller must still hear how long it was.
     peak_streak: u32,
-    window: Window,
+    /// (successes, failures) over `blocking.window`.
+    window: Window<(u32, u32)>,
     blocked_until: Option<Instant>,
     block_ended: Option<Instant>,
     strikes: u32,
@@ -321,7 +323,7 @@ impl Endpoint {
                 }
                 h.successes += 1;
                 h.last_success = Some(wall);
-                h.window.add(now, true, policy.window.0);
+                h.window.at(now, policy.window.0).0 += 1;
             }
             return None;
         }
@@ -336,7 +338,7 @@ impl Endpoint {
         h.peak_streak = h.peak_streak.max(in_a_row);
         h.failures += 1;
         h.last_failure = Some((wall, outcome.label()));
-        h.window.add(now, false, policy.window.0);
+        h.window.at(now, policy.window.0).1 += 1;
         if let Outcome::RateLimited {
             retry_after: Some(d),
         } = outcome
@@ -350,7 +352,10 @@ impl Endpoint {
         if h.blocked_until.is_some_and(|u| u > now) {
             return None;
         }
-        let (successes, failures) = h.window.totals(now, policy.window.0);
+        let (successes, failures) = h
+            .window
+            .within(now, policy.window.0)
+            .fold((0, 0), |(ok, failed), (o, f)| (ok + o, failed + f));
         let total = successes + failures;
         let trigger = if policy.consecutive_failures > 0 && in_a_row >= policy.consecutive_failures
         {
@@ -460,44 +465,6 @@ struct Look {
     ewma_ms: Option<(f64, Instant)>,
     block_ended: Option<Instant>,
     in_flight: u32,
-}
-
-/// Outcome counts over a sliding window, in ten buckets: constant memory whatever the
-/// request rate.
-#[derive(Debug, Default)]
-struct Window {
-    buckets: [(Option<Instant>, u32, u32); 10],
-}
-
-impl Window {
-    fn add(&mut self, now: Instant, ok: bool, span: Duration) {
-        let len = span / 10;
-        let i = match self
-            .buckets
-            .iter()
-            .position(|(s, _, _)| s.is_some_and(|s| now.saturating_duration_since(s) < len))
-        {
-            Some(i) => i,
-            None => {
-                let oldest = (0..10).min_by_key(|i| self.buckets[*i].0).unwrap_or(0);
-                self.buckets[oldest] = (Some(now), 0, 0);
-                oldest
-            }
-        };
-        if ok {
-            self.buckets[i].1 += 1;
-        } else {
-            self.buckets[i].2 += 1;
-        }
-    }
-
-    /// (successes, failures) within `span` of `now`.
-    fn totals(&self, now: Instant, span: Duration) -> (u32, u32) {
-        self.buckets
-            .iter()
-            .filter(|(s, _, _)| s.is_some_and(|s| now.saturating_duration_since(s) < span))
-            .fold((0, 0), |(a, b), (_, ok, fail)| (a + ok, b + fail))
-    }
 }
 
 fn jitter(d: Duration, fraction: f64, url: &str, strikes: u32) -> Duration {

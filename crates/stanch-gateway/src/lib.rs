@@ -18,6 +18,7 @@ mod per_worker;
 mod proxy;
 mod sse;
 mod upstream;
+mod window;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -42,9 +43,9 @@ use crate::budget::RetryBudget;
 use crate::config::{GatewayConfig, is_glob, secret};
 use crate::endpoints::{Endpoint, glob};
 use crate::faq::Faq;
-use crate::metrics::WorkerHistogram;
 use crate::metrics::{
-    AttemptLabels, EndpointLabels, Metrics, ModelLabel, ProbeLabels, RequestLabels, WorkerLabel,
+    AttemptLabels, EndpointLabels, Metrics, ModelLabel, ProbeLabels, RequestLabels,
+    WorkerHistogram, WorkerLabel,
 };
 
 /// A configured model, ready to serve.

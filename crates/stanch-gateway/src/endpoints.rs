@@ -861,6 +861,23 @@ mod tests {
             e.url, "http://local",
             "60 s left here beats 300 s left in the table"
         );
+
+        // Failing, not yet blocked, with a request out: no second one until it is back.
+        let (failing, healthy) = (
+            std::sync::Arc::new(ep("http://failing", false)),
+            ep("http://healthy", false),
+        );
+        record_at(&failing, &Outcome::Connect, &p, now);
+        let out = failing.start();
+        for _ in 0..50 {
+            let (e, _) = choose(&[&failing, &healthy], |_| None, now, Duration::ZERO).unwrap();
+            assert_eq!(e.url, "http://healthy");
+        }
+        let (_, held) = choose(&[&failing], |_| None, now, Duration::ZERO).unwrap();
+        assert!(held, "alone, it is used as a last resort");
+        drop(out);
+        let (_, held) = choose(&[&failing], |_| None, now, Duration::ZERO).unwrap();
+        assert!(!held, "with nothing out, it is open again");
     }
 
     #[tokio::test(start_paused = true)]

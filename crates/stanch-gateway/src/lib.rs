@@ -11,6 +11,7 @@ pub mod budget;
 pub mod config;
 pub mod endpoints;
 pub mod faq;
+mod h1;
 mod json;
 pub mod metrics;
 pub mod outcome;
@@ -32,7 +33,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use secrecy::SecretString;
 use stanch_api::clock::Clock;
 use stanch_api::{RouteTable, Rung};
@@ -473,7 +474,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = limits(&gateway);
+    let sweeper = tokio::spawn(sweep_loop(gateway.clone()));
     stanch_net::serve(listener, Front::new(gateway), None, limits, shutdown).await;
+    sweeper.abort();
     Ok(())
 }
 
@@ -488,6 +491,7 @@ pub async fn serve_on(
     // Their connection counts show in the metrics.
     let _ = gateway.workers.set(workers.load());
     let limits = limits(&gateway);
+    let sweeper = tokio::spawn(sweep_loop(gateway.clone()));
     stanch_net::serve_on(
         workers,
         listener,
@@ -497,7 +501,22 @@ pub async fn serve_on(
         shutdown,
     )
     .await;
+    sweeper.abort();
     Ok(())
+}
+
+/// Every second, closes the idle upstream connections that their upstream has closed
+/// or that have aged out: nothing else reads an idle connection, so without this one
+/// the upstream closed would stay half-open until its endpoint's next request.
+async fn sweep_loop(gateway: Arc<Gateway>) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        for endpoint in gateway.endpoints() {
+            endpoint.conns.sweep();
+        }
+    }
 }
 
 /// The gateway's service. The three proxied routes are nearly every request, and are
@@ -602,7 +621,7 @@ pub async fn report_loop(
         if let Some(a) = &authorization {
             request = request.header(header::AUTHORIZATION, a.clone());
         }
-        let Ok(request) = request.body(Full::new(Bytes::from(body))) else {
+        let Ok(request) = request.body(Bytes::from(body)) else {
             continue;
         };
         let sent = async {
@@ -700,7 +719,7 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
 async fn probe(e: &Endpoint, timeout: Duration) -> bool {
     let model = e.upstream_model.as_ref().unwrap_or(&e.model);
     let body = serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
-    let mut request = e.post(0, Full::new(Bytes::from(body.to_string())));
+    let mut request = e.post(0, Bytes::from(body.to_string()));
     request.headers_mut().insert(
         stanch_api::headers::PROBE,
         header::HeaderValue::from_static("1"),

@@ -16,7 +16,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Method, Request};
 use prometheus_client::metrics::counter::Counter;
@@ -611,7 +611,7 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
         }
         _ => ctx.raw.clone(),
     };
-    let request = endpoint.post(ctx.api as usize, Full::new(payload));
+    let request = endpoint.post(ctx.api as usize, payload);
     let in_flight = endpoint.start();
     let sent = Instant::now();
     let first_byte = (sent + gw.config.timeouts.first_byte.0).min(deadline);
@@ -930,8 +930,8 @@ impl Relay {
     /// gone. What has arrived goes to the caller in one write, however many events it
     /// holds: upstreams send each event as its own HTTP chunk, and a write per event
     /// would cost a system call per token. Nothing waits to be gathered: the relay
-    /// writes as soon as the upstream has nothing more ready, which one yield to the
-    /// upstream connection's task (it hands over one chunk at a time) is enough to see.
+    /// reads the upstream connection itself, takes every chunk already read or ready
+    /// to read, and writes as soon as there is nothing more.
     async fn run(
         &mut self,
         body: &mut upstream::Body,
@@ -942,15 +942,11 @@ impl Relay {
         loop {
             // Bounded, so that an upstream faster than the caller cannot grow it.
             let room = self.out.len() < BATCH_LIMIT;
-            let mut now = if room {
+            let now = if room {
                 body.frame().now_or_never()
             } else {
                 None
             };
-            if now.is_none() && room && !self.out.is_empty() {
-                tokio::task::yield_now().await;
-                now = body.frame().now_or_never();
-            }
             let next = match now {
                 Some(frame) => Ok(frame),
                 None => {

@@ -1,44 +1,48 @@
 //! Connections to upstreams: each endpoint keeps its own pool of HTTP/1.1 keep-alive
-//! connections, plain or TLS.
+//! connections, plain or TLS, and a request is exchanged on one by the task that sends
+//! it.
 //!
 //! An endpoint is one address, so its pool is a stack of idle connections and nothing
-//! more: no key to hash, no shared map to lock across endpoints, no task per request.
-//! A connection goes back on the stack when its response body has been read to the
-//! end, and the newest idle one is reused first, so a burst's extra connections age
-//! out while the busy few stay warm.
+//! more: no key to hash, no shared map to lock across endpoints. A connection goes back
+//! on the stack when its response body has been read to the end (at once, when the
+//! whole body came with the head, as a small answer does), and the newest idle one is
+//! reused first, so a burst's extra connections age out while the busy few stay warm.
 //!
-//! A connection is driven by a task on the runtime that opened it. On the gateway's
-//! worker threads (`stanch_net::Workers`), each worker therefore prefers the idle
-//! connections it opened itself, so that a request and its upstream connection run on
-//! one thread; another worker's idle connection is still better than a new one.
+//! There is no task per connection: the request's task writes the request, reads the
+//! head, and whoever reads the body reads the connection (`h1` frames it). A request
+//! and its upstream exchange therefore run on one thread without a hand-over between
+//! tasks. Idle connections are kept a shelf per worker thread, and each worker takes its
+//! own first; another worker's idle connection is still better than a new one.
 //!
 //! Upstreams close idle keep-alive connections on their own schedule (uvicorn, hence
-//! vLLM, after 5 s). A request therefore never goes out on a connection that is closed
-//! or has been idle longer than `idle_timeout`, which should stay below the upstreams'
-//! keep-alive; and a request that a connection refused before writing a byte of it (it
-//! closed in the meantime) moves on to the next connection, or a new one, without
-//! counting as a failure.
+//! vLLM, after 5 s). Nothing reads an idle connection, so a request never goes out on
+//! one without first looking whether it has closed (a read that finds nothing to read
+//! costs no system call: the runtime already knows the socket is not readable), nor on
+//! one idle longer than `idle_timeout`, which should stay below the upstreams'
+//! keep-alive; [`Pool::sweep`], run every second, closes the ones the upstream has
+//! closed or that have aged out, so none lingers half-closed.
 
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, SendRequest};
+use bytes::{Bytes, BytesMut};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper::header::HeaderValue;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use rustls::pki_types::ServerName;
 use secrecy::{ExposeSecret, SecretString};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
+use crate::h1::{self, Decoded, Framing};
 use crate::per_worker::PerWorker;
 
 /// Idle connections kept per endpoint and worker thread at most; a burst beyond this
@@ -46,9 +50,16 @@ use crate::per_worker::PerWorker;
 const MAX_IDLE: usize = 256;
 /// The least time between two warnings about an endpoint's TLS failures.
 const TLS_WARNING_EVERY: Duration = Duration::from_secs(60);
+/// A connection's read buffer grows by this much when it has less than
+/// [`READ_ROOM`] free: answers are read in one piece, and the buffer's bytes (heads
+/// and bodies are handed on as slices of it, not copies) serve many answers before
+/// a new one is needed.
+const READ_CHUNK: usize = 16 * 1024;
+/// The least free room a read is made with.
+const READ_ROOM: usize = 4 * 1024;
 
 /// What an upstream request sends.
-pub(crate) type RequestBody = Full<Bytes>;
+pub(crate) type RequestBody = Bytes;
 
 /// Why a request did not get response headers from the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +75,7 @@ pub(crate) enum SendError {
     Tls(String, std::io::Error),
     /// The HTTP exchange failed: reset, closed early, malformed response.
     #[error("HTTP exchange with {0}: {1}")]
-    Http(String, hyper::Error),
+    Http(String, #[source] h1::Error),
 }
 
 /// How new connections are made; shared by every endpoint's pool.
@@ -174,9 +185,20 @@ struct Idle {
 
 /// A connection to an endpoint.
 struct Conn {
-    send: SendRequest<RequestBody>,
-    /// The worker thread whose runtime drives it (`None`: not a worker's).
+    io: Io,
+    /// What has been read and not yet used: the head being parsed, or the body's next
+    /// bytes.
+    buf: BytesMut,
+    /// The request head being written, kept to reuse its allocation.
+    out: Vec<u8>,
+    /// The worker thread whose runtime it was opened on (`None`: not a worker's).
     worker: Option<usize>,
+}
+
+/// A connection's transport.
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
 impl std::fmt::Debug for Pool {
@@ -277,58 +299,79 @@ impl Pool {
             .sum()
     }
 
+    /// Closes the idle connections that the upstream has closed or that have been idle
+    /// longer than the idle timeout.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        for shelf in self.shared.shelves.iter() {
+            let mut idle = shelf.lock().expect("pool lock");
+            self.shared.expire(&mut idle, now);
+            idle.retain_mut(|e| e.conn.is_open());
+        }
+    }
+
     /// Sends `request` (origin-form URI, `Host` set) and waits for response headers.
     /// Cancel-safe: dropping the future closes the connection it was using.
-    pub async fn send(
-        &self,
-        mut request: Request<RequestBody>,
-    ) -> Result<Response<Body>, SendError> {
-        while let Some(mut conn) = self.shared.checkout() {
-            // Ready at once unless its previous response ended a moment ago and the
-            // connection has not yet turned around; it errs when it closed. One that
-            // does not turn around within the connect timeout is dropped, not waited on.
-            if !conn.send.is_ready() {
-                let limit = self.shared.connector.connect_timeout;
-                if !matches!(
-                    tokio::time::timeout(limit, conn.send.ready()).await,
-                    Ok(Ok(()))
-                ) {
-                    continue;
+    pub async fn send(&self, request: Request<RequestBody>) -> Result<Response<Body>, SendError> {
+        let mut conn = match self.shared.checkout() {
+            Some(conn) => conn,
+            // Boxed: connecting (TLS included) is the rare path, and its state would
+            // otherwise make every request's future kilobytes larger to move.
+            None => Box::pin(self.shared.connect()).await?,
+        };
+        match conn.exchange(&request).await {
+            Ok(head) => Ok(self.respond(head, conn)),
+            Err(e) => Err(SendError::Http(self.shared.target.authority.clone(), e)),
+        }
+    }
+
+    /// The response to `head`, whose body comes on `conn`. A body that came whole with
+    /// its head is taken now, and the connection given back before anyone reads it.
+    fn respond(&self, head: h1::Head, mut conn: Conn) -> Response<Body> {
+        let h1::Head {
+            status,
+            version,
+            headers,
+            framing,
+            reusable,
+        } = head;
+        #[cfg(test)]
+        let carrier = conn.worker;
+        let body = match framing {
+            Framing::Length(n) if n <= conn.buf.len() as u64 => {
+                let whole = conn.buf.split_to(n as usize).freeze();
+                if reusable && conn.buf.is_empty() {
+                    self.shared.checkin(conn);
+                }
+                Body {
+                    whole: (!whole.is_empty()).then_some(whole),
+                    coming: None,
+                    #[cfg(test)]
+                    carrier,
                 }
             }
-            match conn.send.try_send_request(request).await {
-                Ok(response) => return Ok(self.wrap(response, conn)),
-                Err(mut e) => match e.take_message() {
-                    // Never written: the connection closed first. Not the upstream's fault.
-                    Some(unsent) => request = unsent,
-                    None => return Err(self.http_error(e.into_error())),
-                },
-            }
-        }
-        // Boxed: connecting (TLS included) is the rare path, and its state would
-        // otherwise make every request's future kilobytes larger to move.
-        let mut conn = Box::pin(self.shared.connect()).await?;
-        match conn.send.try_send_request(request).await {
-            Ok(response) => Ok(self.wrap(response, conn)),
-            Err(e) => Err(self.http_error(e.into_error())),
-        }
-    }
-
-    fn wrap(&self, response: Response<Incoming>, conn: Conn) -> Response<Body> {
-        let shared = self.shared.clone();
-        response.map(|inner| Body {
-            inner,
-            conn: Some((conn, shared)),
-        })
-    }
-
-    fn http_error(&self, e: hyper::Error) -> SendError {
-        SendError::Http(self.shared.target.authority.clone(), e)
+            framing => Body {
+                whole: None,
+                coming: Some(Coming {
+                    conn,
+                    framing,
+                    reusable,
+                    pool: self.shared.clone(),
+                }),
+                #[cfg(test)]
+                carrier,
+            },
+        };
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = headers;
+        response
     }
 }
 
 impl Shared {
-    /// The newest idle connection still worth using, this worker's own first.
+    /// The newest idle connection still open and young enough, this worker's own first.
     fn checkout(&self) -> Option<Conn> {
         let now = Instant::now();
         let here = stanch_net::worker_index();
@@ -341,25 +384,29 @@ impl Shared {
         })
     }
 
-    /// The newest open connection on `shelf`, one that worker `here` drives first (a
-    /// shelf is shared when there are more workers than shares).
+    /// The newest open connection on `shelf`, one opened by worker `here` first (a
+    /// shelf is shared when there are more workers than shares). Closed ones found on
+    /// the way are dropped.
     fn take(&self, shelf: &Mutex<Shelf>, here: Option<usize>, now: Instant) -> Option<Conn> {
         let mut idle = shelf.lock().expect("pool lock");
         self.expire(&mut idle, now);
-        let open = |e: &Idle| !e.conn.send.is_closed();
-        let pick = idle
-            .iter()
-            .rposition(|e| e.conn.worker == here && open(e))
-            .or_else(|| idle.iter().rposition(open))?;
-        idle.remove(pick).map(|e| e.conn)
+        for own_only in [true, false] {
+            while let Some(at) = idle
+                .iter()
+                .rposition(|e| !own_only || e.conn.worker == here)
+            {
+                let mut conn = idle.remove(at).expect("a found position").conn;
+                if conn.is_open() {
+                    return Some(conn);
+                }
+            }
+        }
+        None
     }
 
     /// Puts a connection whose response was read to the end back for reuse, on the
-    /// shelf of the worker that drives it.
+    /// shelf of the worker that opened it.
     fn checkin(&self, conn: Conn) {
-        if conn.send.is_closed() {
-            return;
-        }
         let now = Instant::now();
         let mut idle = self.shelves.of(conn.worker).lock().expect("pool lock");
         self.expire(&mut idle, now);
@@ -369,8 +416,7 @@ impl Shared {
     }
 
     /// Drops (which closes) the connections idle for longer than the idle timeout:
-    /// the oldest are at the front. Closed ones left among the rest go when they
-    /// expire.
+    /// the oldest are at the front.
     fn expire(&self, idle: &mut Shelf, now: Instant) {
         while idle
             .front()
@@ -391,7 +437,7 @@ impl Shared {
         .map_err(|_| SendError::ConnectTimeout(target.authority.clone()))?
         .map_err(|e| SendError::Connect(target.authority.clone(), e))?;
         let _ = tcp.set_nodelay(true);
-        match &target.tls_name {
+        let io = match &target.tls_name {
             Some(name) => {
                 let stream =
                     tokio::time::timeout(limit, self.connector.tls.connect(name.clone(), tcp))
@@ -403,82 +449,223 @@ impl Shared {
                             )
                         })?
                         .map_err(|e| SendError::Tls(target.authority.clone(), e))?;
-                self.handshake(TokioIo::new(stream)).await
+                Io::Tls(Box::new(stream))
             }
-            None => self.handshake(TokioIo::new(tcp)).await,
-        }
-    }
-
-    async fn handshake<T>(&self, io: T) -> Result<Conn, SendError>
-    where
-        T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
-        let (send, conn) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(|e| SendError::Http(self.target.authority.clone(), e))?;
-        // The connection's own task; it ends when the connection closes, which dropping
-        // every `SendRequest` for it does once it is idle.
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+            None => Io::Plain(tcp),
+        };
         if let Some(opened) = self.opened.get() {
             opened.inc();
         }
         Ok(Conn {
-            send,
+            io,
+            buf: BytesMut::new(),
+            out: Vec::new(),
             worker: stanch_net::worker_index(),
         })
+    }
+}
+
+impl Conn {
+    /// Writes `request` and reads the head of its response.
+    async fn exchange(&mut self, request: &Request<RequestBody>) -> Result<h1::Head, h1::Error> {
+        let body = request.body();
+        self.out.clear();
+        h1::encode_head(request, body.len(), &mut self.out);
+        write_all(&mut self.io, &self.out, body).await?;
+        self.io.flush().await?;
+        std::future::poll_fn(|cx| self.poll_head(cx)).await
+    }
+
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<h1::Head, h1::Error>> {
+        loop {
+            if !self.buf.is_empty()
+                && let Some(head) = h1::parse_head(&mut self.buf)?
+            {
+                return Poll::Ready(Ok(head));
+            }
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Err(h1::Error::ClosedBeforeResponse));
+            }
+        }
+    }
+
+    /// Reads what the connection has into `buf`: how many bytes, 0 at its end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_ROOM {
+            self.buf.reserve(READ_CHUNK);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+
+    /// Whether an idle connection is still open: nothing has arrived on it, not even
+    /// its end. (Bytes no request asked for make it unusable too.)
+    fn is_open(&mut self) -> bool {
+        self.poll_fill(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+    }
+}
+
+/// Writes `head` then `body`, in one system call when the socket takes both.
+async fn write_all(io: &mut Io, mut head: &[u8], mut body: &[u8]) -> std::io::Result<()> {
+    while !head.is_empty() {
+        let n = io
+            .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+            .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let in_head = n.min(head.len());
+        head = &head[in_head..];
+        body = &body[n - in_head..];
+    }
+    io.write_all(body).await
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 
 /// A response body from a pooled connection: read to its end, it gives the
 /// connection back for reuse; dropped before that, the connection closes.
 pub(crate) struct Body {
-    inner: Incoming,
-    conn: Option<(Conn, Arc<Shared>)>,
+    /// A body that came whole with its head; its connection is already back.
+    whole: Option<Bytes>,
+    /// The rest of a body still coming, and what it comes on; `None` once it ended.
+    coming: Option<Coming>,
+    /// The worker whose connection carried it (tests).
+    #[cfg(test)]
+    carrier: Option<usize>,
 }
 
-impl Body {
-    fn give_back(&mut self) {
-        if let Some((conn, pool)) = self.conn.take() {
-            pool.checkin(conn);
+/// A body being read from its connection.
+struct Coming {
+    conn: Conn,
+    framing: Framing,
+    /// The response allows another request on the connection after it.
+    reusable: bool,
+    pool: Arc<Shared>,
+}
+
+impl Coming {
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, h1::Error>>> {
+        loop {
+            match self.framing.decode(&mut self.conn.buf) {
+                Err(e) => return Poll::Ready(Some(Err(e))),
+                Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(data))),
+                Ok(Decoded::End) => return Poll::Ready(None),
+                Ok(Decoded::More) => match ready!(self.conn.poll_fill(cx)) {
+                    Ok(0) => {
+                        self.reusable = false;
+                        return Poll::Ready(self.framing.closed().err().map(Err));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Poll::Ready(Some(Err(e.into()))),
+                },
+            }
+        }
+    }
+
+    /// Gives the connection back when its response has ended cleanly.
+    fn give_back(self) {
+        if self.reusable && self.framing.is_end() && self.conn.buf.is_empty() {
+            self.pool.checkin(self.conn);
         }
     }
 }
 
 impl HttpBody for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = h1::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, h1::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => this.give_back(),
-            Poll::Ready(Some(Err(_))) => this.conn = None,
-            _ => {}
+        if let Some(data) = this.whole.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        polled
+        let Some(coming) = &mut this.coming else {
+            return Poll::Ready(None);
+        };
+        let polled = ready!(coming.poll_data(cx));
+        let ended = match &polled {
+            // The last data: the connection can go back now if the end is in too.
+            Some(Ok(_)) => coming.framing.finish(&mut coming.conn.buf),
+            Some(Err(_)) | None => true,
+        };
+        if ended && let Some(coming) = this.coming.take() {
+            coming.give_back();
+        }
+        Poll::Ready(polled.map(|data| data.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.whole.is_none() && self.coming.as_ref().is_none_or(|c| c.framing.is_end())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Body {
-    fn drop(&mut self) {
-        // A body whose last frame was taken but whose end was never polled is done too.
-        if self.inner.is_end_stream() {
-            self.give_back();
+        match (&self.whole, &self.coming) {
+            (Some(data), _) => SizeHint::with_exact(data.len() as u64),
+            (None, Some(coming)) => coming
+                .framing
+                .remaining()
+                .map_or_else(SizeHint::default, SizeHint::with_exact),
+            (None, None) => SizeHint::with_exact(0),
         }
     }
 }
@@ -506,7 +693,7 @@ mod tests {
     fn chat(pool: &Pool) -> Request<RequestBody> {
         let body = r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}"#;
         let mut request = Request::post(pool.path("/v1/chat/completions").unwrap())
-            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .body(Bytes::from_static(body.as_bytes()))
             .unwrap();
         request
             .headers_mut()
@@ -515,10 +702,9 @@ mod tests {
     }
 
     /// Sends `n` requests at once on `worker`; returns the workers whose connections
-    /// carried them, once every answer was read (and its connection given back).
-    /// Bodies are read only once every answer's headers are in: a connection goes back
-    /// to the pool when its body ends, and the `n` requests must not share one however
-    /// the threads are scheduled.
+    /// carried them, once every answer was read (and its connection given back). Sent
+    /// together, each takes its connection before any answer is in, so that the `n`
+    /// requests never share one.
     async fn exchange(
         workers: &stanch_net::Workers,
         worker: usize,
@@ -532,7 +718,7 @@ mod tests {
                 let mut carriers = Vec::new();
                 for response in futures_util::future::join_all(sent).await {
                     let (_, mut body) = response.unwrap().into_parts();
-                    carriers.push(body.conn.as_ref().map(|(c, _)| c.worker).unwrap());
+                    carriers.push(body.carrier);
                     while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
                         frame.unwrap();
                     }

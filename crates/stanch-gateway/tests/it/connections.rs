@@ -114,6 +114,22 @@ async fn a_connection_the_upstream_closed_is_not_reused() {
 }
 
 #[tokio::test]
+async fn an_idle_connection_the_upstream_closed_is_closed_within_seconds() {
+    let mut config = MockConfig::new("qwen-72b", "a");
+    config.keep_alive = Some(Duration::from_millis(100));
+    let a = Upstream::with(config).await;
+    let policy = POLICY.replace("total: 10s}", "total: 10s, idle_connection: 10s}");
+    let gw = gateway(&one(&policy), &[("a", &a)]).await;
+    answered(&gw, false).await;
+    idle_soon(&gw, 1.0).await;
+    // Nothing reads an idle connection; the gateway's sweep (every second) sees the
+    // upstream's close and closes its end too, instead of holding it half-open until
+    // the endpoint's next request.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    idle_soon(&gw, 0.0).await;
+}
+
+#[tokio::test]
 async fn idle_connections_are_not_reused_past_the_idle_limit() {
     let a = Upstream::start("qwen-72b", "a").await;
     let policy = POLICY.replace("total: 10s}", "total: 10s, idle_connection: 100ms}");

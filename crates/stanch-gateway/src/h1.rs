@@ -645,6 +645,59 @@ mod tests {
         assert_eq!(framing.decode(&mut buf).unwrap(), Decoded::Data("b".into()));
     }
 
+    /// `data` in chunked coding, cut into chunks of `sizes` (cycled).
+    fn chunked(data: &[u8], sizes: &[usize]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        let mut rest = data;
+        for &size in sizes.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (chunk, after) = rest.split_at(size.min(rest.len()));
+            wire.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            wire.extend_from_slice(chunk);
+            wire.extend_from_slice(b"\r\n");
+            rest = after;
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        wire
+    }
+
+    proptest::proptest! {
+        /// Whatever an upstream sends, the gateway gets a head, a wait or an error:
+        /// never a panic, never a loop.
+        #[test]
+        fn any_bytes_give_an_answer_or_an_error(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            lines in proptest::collection::vec("[a-zA-Z-]{0,6}:? ?[ -~]{0,12}\r?\n", 0..6),
+        ) {
+            let _ = parse_head(&mut BytesMut::from(&bytes[..]));
+            let head = format!("HTTP/1.1 200 OK\r\n{}\r\n", lines.concat());
+            let _ = parse_head(&mut BytesMut::from(head.as_str()));
+            let mut framing = Framing::Chunked(Chunked::Size);
+            let mut buf = BytesMut::from(&bytes[..]);
+            for _ in 0..=bytes.len() {
+                if !matches!(framing.decode(&mut buf), Ok(Decoded::Data(_))) {
+                    break;
+                }
+            }
+        }
+
+        /// A chunked body decodes to what was sent, however it is cut into chunks and
+        /// however its bytes arrive.
+        #[test]
+        fn chunked_bodies_round_trip(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            sizes in proptest::collection::vec(1usize..64, 1..8),
+            split in 0usize..600,
+        ) {
+            let wire = chunked(&data, &sizes);
+            let split = split.min(wire.len());
+            let framing = Framing::Chunked(Chunked::Size);
+            proptest::prop_assert_eq!(decode_split(framing, &wire, split), (data, true));
+        }
+    }
+
     #[test]
     fn broken_chunked_framing_is_an_error() {
         let error = |wire: &str| {

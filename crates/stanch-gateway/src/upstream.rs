@@ -756,6 +756,33 @@ mod tests {
         assert_eq!(pool.idle_count(), 2);
     }
 
+    #[tokio::test]
+    async fn a_connection_the_upstream_closed_is_passed_over_and_swept() {
+        let mut config = stanch_mock::MockConfig::new("m", "a");
+        config.keep_alive = Some(Duration::from_millis(50));
+        let mock = stanch_mock::Mock::new(config);
+        let base = stanch_mock::spawn(mock.clone()).await;
+        let pool = Pool::new(&base, Connector::testing()).unwrap();
+        let exchange = async |pool: &Pool| {
+            let response = pool.send(chat(pool)).await.expect("an answer");
+            assert!(response.status().is_success());
+            http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap();
+        };
+        exchange(&pool).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(pool.idle_count(), 1, "closed, but nothing has looked yet");
+        // Taking it, the pool sees the close and opens another: no error.
+        exchange(&pool).await;
+        assert_eq!(mock.stats().connections, 2);
+        assert_eq!(pool.idle_count(), 1);
+        // The sweep sees the next close without a request.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        pool.sweep();
+        assert_eq!(pool.idle_count(), 0);
+    }
+
     #[test]
     fn tls_failures_warn_once_a_minute() {
         let pool = Pool::new("http://10.0.0.7", Connector::testing()).unwrap();

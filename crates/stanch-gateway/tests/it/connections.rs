@@ -92,14 +92,20 @@ async fn connections_are_kept_alive_and_reused() {
     );
 }
 
-#[tokio::test]
-async fn a_connection_the_upstream_closed_is_not_reused() {
+/// An upstream that closes connections idle for `after`, behind a gateway that would
+/// keep them for 10 s.
+async fn closing_after(after: Duration) -> (Upstream, Setup) {
     let mut config = MockConfig::new("qwen-72b", "a");
-    config.keep_alive = Some(Duration::from_millis(150));
+    config.keep_alive = Some(after);
     let a = Upstream::with(config).await;
-    // The gateway would keep it for 10 s; the upstream closes it after 150 ms idle.
     let policy = POLICY.replace("total: 10s}", "total: 10s, idle_connection: 10s}");
     let gw = gateway(&one(&policy), &[("a", &a)]).await;
+    (a, gw)
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_is_not_reused() {
+    let (a, gw) = closing_after(Duration::from_millis(150)).await;
     answered(&gw, false).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     answered(&gw, false).await;
@@ -115,11 +121,7 @@ async fn a_connection_the_upstream_closed_is_not_reused() {
 
 #[tokio::test]
 async fn an_idle_connection_the_upstream_closed_is_closed_within_seconds() {
-    let mut config = MockConfig::new("qwen-72b", "a");
-    config.keep_alive = Some(Duration::from_millis(100));
-    let a = Upstream::with(config).await;
-    let policy = POLICY.replace("total: 10s}", "total: 10s, idle_connection: 10s}");
-    let gw = gateway(&one(&policy), &[("a", &a)]).await;
+    let (_a, gw) = closing_after(Duration::from_millis(100)).await;
     answered(&gw, false).await;
     idle_soon(&gw, 1.0).await;
     // Nothing reads an idle connection; the gateway's sweep (every second) sees the

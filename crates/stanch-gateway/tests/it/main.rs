@@ -7,3 +7,4 @@ mod fleet;
 mod process;
 mod routing;
 mod support;
+mod wire;

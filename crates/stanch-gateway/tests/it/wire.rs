@@ -1,0 +1,229 @@
+//! Upstreams as HTTP/1.1 lets them answer: every framing of a body reaches the caller
+//! whole, a connection is reused only when the answer allows it, and an answer that
+//! breaks the protocol is the endpoint's failure, retried elsewhere.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::*;
+
+/// A chat completion, as an upstream would send it.
+const ANSWER: &str = r#"{"id":"c1","object":"chat.completion","created":1,"model":"qwen-72b","choices":[{"index":0,"message":{"role":"assistant","content":"framed"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+
+/// An upstream that answers every request with the same bytes, written as given.
+struct Scripted {
+    base: String,
+    connections: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+}
+
+impl Scripted {
+    /// Answers each request with `answer`; with `close`, then closes the connection.
+    async fn start(answer: Vec<u8>, close: bool) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let connections = Arc::new(AtomicU64::new(0));
+        let requests = Arc::new(AtomicU64::new(0));
+        let (c, r) = (connections.clone(), requests.clone());
+        let answer = Arc::new(answer);
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(serve(socket, answer.clone(), close, r.clone()));
+            }
+        });
+        Scripted {
+            base,
+            connections,
+            requests,
+        }
+    }
+
+    fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+/// Reads requests (head, then a `Content-Length` body) and answers each.
+async fn serve(mut socket: TcpStream, answer: Arc<Vec<u8>>, close: bool, requests: Arc<AtomicU64>) {
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 4096];
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..head_end + length);
+        requests.fetch_add(1, Ordering::Relaxed);
+        if socket.write_all(&answer).await.is_err() || close {
+            return;
+        }
+    }
+}
+
+/// `ANSWER` in chunks of at most `size` bytes, with an extension and a trailer.
+fn chunked(size: usize) -> Vec<u8> {
+    let mut wire =
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    for chunk in ANSWER.as_bytes().chunks(size) {
+        wire.extend_from_slice(format!("{:x};part=1\r\n", chunk.len()).as_bytes());
+        wire.extend_from_slice(chunk);
+        wire.extend_from_slice(b"\r\n");
+    }
+    wire.extend_from_slice(b"0\r\nx-checksum: none\r\n\r\n");
+    wire
+}
+
+fn with_length(status_line: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "{status_line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{ANSWER}",
+        ANSWER.len()
+    )
+    .into_bytes()
+}
+
+/// A gateway with the model on `urls`, one pool each, in order.
+async fn in_front_of(urls: &[&str]) -> Setup {
+    let pools: String = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| format!("      - name: p{i}\n        endpoints: [{{url: '{url}'}}]\n"))
+        .collect();
+    let yaml = format!("models:\n  qwen-72b:\n    faq: default\n    pools:\n{pools}{POLICY}");
+    gateway(&yaml, &[]).await
+}
+
+/// The content of the caller's answer; asserts it came from an upstream.
+async fn content(gw: &Setup) -> String {
+    let r = gw.chat("qwen-72b", false).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers().get("x-llm-degraded").is_none(),
+        "answered upstream"
+    );
+    let body: Value = r.json().await.unwrap();
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn every_framing_reaches_the_caller_whole_and_keeps_what_can_be_kept() {
+    // (wire, whether the upstream closes after it, connections for three requests)
+    let cases: [(&str, Vec<u8>, bool, u64); 7] = [
+        ("chunked, one byte a chunk", chunked(1), false, 1),
+        ("chunked, 64 bytes a chunk", chunked(64), false, 1),
+        ("a length", with_length("HTTP/1.1 200 OK", ""), false, 1),
+        (
+            "after an interim 100 Continue",
+            [
+                b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(),
+                with_length("HTTP/1.1 200 OK", ""),
+            ]
+            .concat(),
+            false,
+            1,
+        ),
+        // Said, and not done: the gateway closes it all the same.
+        (
+            "Connection: close, the upstream leaving it open",
+            with_length("HTTP/1.1 200 OK", "connection: close\r\n"),
+            false,
+            3,
+        ),
+        (
+            "HTTP/1.0 without keep-alive, the upstream leaving it open",
+            with_length("HTTP/1.0 200 OK", ""),
+            false,
+            3,
+        ),
+        (
+            "HTTP/1.0, until the connection closes",
+            format!("HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{ANSWER}")
+                .into_bytes(),
+            true,
+            3,
+        ),
+    ];
+    for (case, wire, close, connections) in cases {
+        let up = Scripted::start(wire, close).await;
+        let gw = in_front_of(&[&up.base]).await;
+        for _ in 0..3 {
+            assert_eq!(content(&gw).await, "framed", "{case}");
+        }
+        assert_eq!(up.requests(), 3, "{case}: one attempt each");
+        assert_eq!(up.connections(), connections, "{case}");
+        let status = gw.status().await;
+        assert_eq!(status["endpoints"][0]["failures"], 0, "{case}: {status}");
+    }
+}
+
+#[tokio::test]
+async fn an_answer_that_breaks_the_protocol_fails_over_and_counts_against_its_endpoint() {
+    let broken: [(&str, Vec<u8>); 4] = [
+        ("not HTTP", b"SSH-2.0-OpenSSH_9.6\r\n\r\n".to_vec()),
+        (
+            "two lengths",
+            with_length("HTTP/1.1 200 OK", "content-length: 3\r\n"),
+        ),
+        (
+            "a bad chunk size",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".to_vec(),
+        ),
+        (
+            "a body cut short",
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{}",
+                ANSWER.len(),
+                &ANSWER[..20]
+            )
+            .into_bytes(),
+        ),
+    ];
+    let good = Scripted::start(with_length("HTTP/1.1 200 OK", ""), false).await;
+    for (case, wire) in broken {
+        let bad = Scripted::start(wire, true).await;
+        let gw = in_front_of(&[&bad.base, &good.base]).await;
+        assert_eq!(
+            content(&gw).await,
+            "framed",
+            "{case}: the next pool answered"
+        );
+        assert!(bad.requests() >= 1, "{case}: tried first");
+        let status = gw.status().await;
+        let failures = status["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["url"] == bad.base.as_str())
+            .map(|e| e["failures"].as_u64().unwrap());
+        assert!(failures >= Some(1), "{case}: counted, {status}");
+    }
+}

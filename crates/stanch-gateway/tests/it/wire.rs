@@ -19,6 +19,8 @@ struct Scripted {
     base: String,
     connections: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
+    /// The body length of the last request read.
+    body_len: Arc<AtomicU64>,
 }
 
 impl Scripted {
@@ -28,18 +30,21 @@ impl Scripted {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let connections = Arc::new(AtomicU64::new(0));
         let requests = Arc::new(AtomicU64::new(0));
-        let (c, r) = (connections.clone(), requests.clone());
+        let body_len = Arc::new(AtomicU64::new(0));
+        let (c, r, b) = (connections.clone(), requests.clone(), body_len.clone());
         let answer = Arc::new(answer);
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 c.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve(socket, answer.clone(), close, r.clone()));
+                let counts = (r.clone(), b.clone());
+                tokio::spawn(serve(socket, answer.clone(), close, counts));
             }
         });
         Scripted {
             base,
             connections,
             requests,
+            body_len,
         }
     }
 
@@ -52,8 +57,14 @@ impl Scripted {
     }
 }
 
-/// Reads requests (head, then a `Content-Length` body) and answers each.
-async fn serve(mut socket: TcpStream, answer: Arc<Vec<u8>>, close: bool, requests: Arc<AtomicU64>) {
+/// Reads requests (head, then a `Content-Length` body) and answers each, counting them
+/// and noting the length of the last body.
+async fn serve(
+    mut socket: TcpStream,
+    answer: Arc<Vec<u8>>,
+    close: bool,
+    (requests, body_len): (Arc<AtomicU64>, Arc<AtomicU64>),
+) {
     let mut buf = Vec::new();
     loop {
         let head_end = loop {
@@ -79,6 +90,7 @@ async fn serve(mut socket: TcpStream, answer: Arc<Vec<u8>>, close: bool, request
             }
         }
         buf.drain(..head_end + length);
+        body_len.store(length as u64, Ordering::Relaxed);
         requests.fetch_add(1, Ordering::Relaxed);
         if socket.write_all(&answer).await.is_err() || close {
             return;
@@ -88,10 +100,15 @@ async fn serve(mut socket: TcpStream, answer: Arc<Vec<u8>>, close: bool, request
 
 /// `ANSWER` in chunks of at most `size` bytes, with an extension and a trailer.
 fn chunked(size: usize) -> Vec<u8> {
+    chunked_answer(ANSWER, size)
+}
+
+/// `answer` in chunks of at most `size` bytes, with an extension and a trailer.
+fn chunked_answer(answer: &str, size: usize) -> Vec<u8> {
     let mut wire =
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
             .to_vec();
-    for chunk in ANSWER.as_bytes().chunks(size) {
+    for chunk in answer.as_bytes().chunks(size) {
         wire.extend_from_slice(format!("{:x};part=1\r\n", chunk.len()).as_bytes());
         wire.extend_from_slice(chunk);
         wire.extend_from_slice(b"\r\n");
@@ -101,9 +118,14 @@ fn chunked(size: usize) -> Vec<u8> {
 }
 
 fn with_length(status_line: &str, extra: &str) -> Vec<u8> {
+    length_framed(status_line, extra, ANSWER)
+}
+
+/// An answer of `body`, framed by its length, with `extra` header lines.
+fn length_framed(status_line: &str, extra: &str, body: &str) -> Vec<u8> {
     format!(
-        "{status_line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{ANSWER}",
-        ANSWER.len()
+        "{status_line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{body}",
+        body.len()
     )
     .into_bytes()
 }
@@ -225,5 +247,41 @@ async fn an_answer_that_breaks_the_protocol_fails_over_and_counts_against_its_en
             .find(|e| e["url"] == bad.base.as_str())
             .map(|e| e["failures"].as_u64().unwrap());
         assert!(failures >= Some(1), "{case}: counted, {status}");
+    }
+}
+
+#[tokio::test]
+async fn large_requests_and_answers_cross_in_many_reads_and_writes() {
+    // A 3 MiB prompt (under the 4 MiB default limit) and a 2 MiB answer: far more than
+    // one read or write of a socket either way.
+    let prompt = "x".repeat(3 << 20);
+    let text = "y".repeat(2 << 20);
+    let answer = ANSWER.replace("framed", &text);
+    let framings = [
+        ("a length", length_framed("HTTP/1.1 200 OK", "", &answer)),
+        ("8 KiB chunks", chunked_answer(&answer, 8 << 10)),
+    ];
+    for (case, wire) in framings {
+        let up = Scripted::start(wire, false).await;
+        let gw = in_front_of(&[&up.base]).await;
+        for _ in 0..2 {
+            let r = gw.chat_as("qwen-72b", false, "acme-key", &prompt).await;
+            assert_eq!(r.status(), 200, "{case}");
+            let body: Value = r.json().await.unwrap();
+            let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+            assert!(
+                content == text,
+                "{case}: the whole answer (not printed: 2 MiB)"
+            );
+            assert!(
+                up.body_len.load(Ordering::Relaxed) > 3 << 20,
+                "{case}: the whole prompt went upstream"
+            );
+        }
+        assert_eq!(
+            (up.requests(), up.connections()),
+            (2, 1),
+            "{case}: one connection"
+        );
     }
 }

@@ -23,12 +23,13 @@ const MAX_HEADERS: usize = 100;
 /// The longest chunk-size or trailer line accepted.
 const MAX_LINE: usize = 4 * 1024;
 
-/// Why an exchange with an upstream failed.
+/// Why an exchange with an upstream failed. Each message carries its cause's, since
+/// they are logged with `%` (so none is chained as a source as well).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
     /// Reading or writing the connection failed (a reset, a TLS alert).
     #[error("connection: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The connection closed before a whole response head arrived.
     #[error("the connection closed before a response")]
     ClosedBeforeResponse,
@@ -37,7 +38,7 @@ pub(crate) enum Error {
     ClosedInBody,
     /// The response head is not HTTP/1.x.
     #[error("malformed response head: {0}")]
-    Parse(#[source] httparse::Error),
+    Parse(httparse::Error),
     /// The response head is HTTP/1.x, but not one the gateway accepts.
     #[error("malformed response head: {0}")]
     Head(&'static str),
@@ -50,6 +51,12 @@ pub(crate) enum Error {
     /// The chunked framing is broken.
     #[error("malformed chunked body: {0}")]
     Chunked(&'static str),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::Io(e)
+    }
 }
 
 /// Writes the head of `request` into `out`: request line, its headers, and the

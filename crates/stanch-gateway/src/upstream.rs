@@ -75,7 +75,7 @@ pub(crate) enum SendError {
     Tls(String, std::io::Error),
     /// The HTTP exchange failed: reset, closed early, malformed response.
     #[error("HTTP exchange with {0}: {1}")]
-    Http(String, #[source] h1::Error),
+    Http(String, h1::Error),
 }
 
 /// How new connections are made; shared by every endpoint's pool.

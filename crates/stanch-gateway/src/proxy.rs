@@ -8,16 +8,18 @@
 //! silently truncated answer presented as complete). A final chunk without
 //! `data: [DONE]` is complete: the gateway adds `[DONE]` promptly.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
-use futures_util::FutureExt;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Frame, Incoming};
 use hyper::{Method, Request};
 use prometheus_client::metrics::counter::Counter;
 use secrecy::ExposeSecret;
@@ -26,7 +28,6 @@ use stanch_api::headers::{DEGRADED, RATE_LIMITED, ROUTE_VERSION};
 use stanch_api::{RouteTable, Rung, Timestamp};
 use stanch_net::timer::timeout_at;
 use subtle::ConstantTimeEq;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -821,46 +822,29 @@ async fn stream(
         ttft_seconds.observe(ttft.as_secs_f64());
     }
     // Committed: from here on the caller has bytes, so failures end the stream explicitly.
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(32);
-    let endpoint = endpoint.clone();
-    let idle = gw.config.timeouts.stream_idle.0;
-    let (model, version, attempts, started) =
-        (ctx.model.clone(), ctx.version, ctx.attempts, ctx.started);
-    tokio::spawn(async move {
-        let _in_flight = in_flight;
-        let outcome = match end {
-            Some(outcome) => outcome,
-            None => match relay.run(&mut body, idle, &tx, &malformed).await {
-                Some(outcome) => outcome,
-                // The caller has gone: there is no one to answer.
-                None => return,
-            },
-        };
-        if !relay.out.is_empty() && !pass(&tx, relay.out.split().freeze()).await {
-            return;
-        }
-        if outcome != Outcome::Success {
-            pass(&tx, error_event(&outcome)).await;
-        }
-        record_with_latency(&gw, &endpoint, &outcome, sent, ttft, Instant::now());
-        if let Some((latency, _)) = &histograms {
-            latency.observe(started.elapsed().as_secs_f64());
-        }
-        info!(target: "access", model = %model, endpoint = %endpoint.url, attempts, outcome = outcome.label(), version, stream = true, ms = started.elapsed().as_millis() as u64, "stream finished");
-        // The caller's stream ends here; then the upstream's is read to its end (the
-        // chunked terminator follows `[DONE]`), so that its connection can be reused.
-        // Reading it before ending the caller's stream cost every stream about 100 µs
-        // and 15 % more CPU in the benchmark.
-        drop(tx);
-        if outcome == Outcome::Success {
-            let drain = async { while let Some(Ok(_)) = body.frame().await {} };
-            let _ = tokio::time::timeout(DONE_GRACE, drain).await;
-        }
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let mut response = Response::new(Body::from_stream(stream));
+    let mut relayed = Relayed {
+        relay,
+        upstream: Some(body),
+        idle: gw.config.timeouts.stream_idle.0,
+        waiting: None,
+        malformed,
+        ending: Some(Ending {
+            endpoint: endpoint.clone(),
+            sent,
+            ttft,
+            histograms,
+            model: ctx.model.clone(),
+            version: ctx.version,
+            attempts: ctx.attempts,
+            started: ctx.started,
+            _in_flight: in_flight,
+            gw,
+        }),
+    };
+    if let Some(outcome) = end {
+        relayed.end(outcome);
+    }
+    let mut response = Response::new(Body::new(relayed));
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -925,66 +909,152 @@ impl Relay {
         self.events = events;
         end
     }
+}
 
-    /// Passes the stream on until it ends, and says how; `None` when the caller has
-    /// gone. What has arrived goes to the caller in one write, however many events it
-    /// holds: upstreams send each event as its own HTTP chunk, and a write per event
-    /// would cost a system call per token. Nothing waits to be gathered: the relay
-    /// reads the upstream connection itself, takes every chunk already read or ready
-    /// to read, and writes as soon as there is nothing more.
-    async fn run(
-        &mut self,
-        body: &mut upstream::Body,
-        idle: Duration,
-        tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
-        malformed: &Counter,
-    ) -> Option<Outcome> {
-        loop {
-            // Bounded, so that an upstream faster than the caller cannot grow it.
-            let room = self.out.len() < BATCH_LIMIT;
-            let now = if room {
-                body.frame().now_or_never()
-            } else {
-                None
-            };
-            let next = match now {
-                Some(frame) => Ok(frame),
-                None => {
-                    if !self.out.is_empty() && !pass(tx, self.out.split().freeze()).await {
-                        return None;
-                    }
-                    let wait = if self.last { DONE_GRACE } else { idle };
-                    timeout_at(Instant::now() + wait, body.frame()).await
-                }
-            };
-            match next {
-                // The final chunk came, then the stream ended or went quiet without
-                // `[DONE]`: the answer is complete, and ends properly.
-                Err(_) | Ok(None) | Ok(Some(Err(_))) if self.last => {
-                    self.out.extend_from_slice(DONE);
-                    return Some(Outcome::Success);
-                }
-                Err(_) => return Some(Outcome::Stalled),
-                Ok(None) => return Some(Outcome::Truncated),
-                Ok(Some(Err(_))) => return Some(Outcome::Connect),
-                Ok(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    match self.take(data, malformed) {
-                        Some(End::Done) => return Some(Outcome::Success),
-                        Some(End::Error) => return Some(Outcome::ServerError(200)),
-                        None => {}
-                    }
+/// A committed stream, as the caller's response body: hyper asks it for more whenever
+/// it can write, and it reads the upstream's body then and there. Upstream connection,
+/// relay and caller's connection are therefore driven by one task, with nothing handed
+/// over between tasks. What has arrived goes to the caller in one write, however many
+/// events it holds (upstreams send each event as its own HTTP chunk, and a write per
+/// event would cost a system call per token): it takes every chunk already read or
+/// ready to read, and gives them as one frame when there is nothing more; hyper writes
+/// when the body has nothing ready.
+struct Relayed {
+    relay: Relay,
+    /// The upstream's body; taken when the stream ends, to be read to its end.
+    upstream: Option<upstream::Body>,
+    /// The longest the upstream may go quiet.
+    idle: Duration,
+    /// While the upstream has nothing: the deadline that ends the wait.
+    waiting: Option<stanch_net::timer::Sleep>,
+    malformed: Counter,
+    /// What ending the stream records; `None` once it ended.
+    ending: Option<Ending>,
+}
+
+/// What a committed stream records when it ends.
+struct Ending {
+    gw: Arc<Gateway>,
+    endpoint: Arc<Endpoint>,
+    sent: Instant,
+    ttft: Duration,
+    histograms: Option<(
+        crate::metrics::WorkerHistogram,
+        crate::metrics::WorkerHistogram,
+    )>,
+    model: String,
+    version: u64,
+    attempts: u32,
+    started: Instant,
+    /// Counts the request in flight on its endpoint until the stream ends or the
+    /// caller goes.
+    _in_flight: crate::endpoints::InFlight,
+}
+
+impl Relayed {
+    /// Ends the stream with `outcome`: an explicit error event unless it succeeded,
+    /// then the outcome recorded and logged. The upstream's body is then read to its
+    /// end (the chunked terminator follows `[DONE]`) on a task of its own, so that its
+    /// connection can be reused without holding up the end of the caller's stream.
+    fn end(&mut self, outcome: Outcome) {
+        let Some(e) = self.ending.take() else {
+            return;
+        };
+        if outcome != Outcome::Success {
+            self.relay.out.extend_from_slice(&error_event(&outcome));
+        }
+        let now = Instant::now();
+        record_with_latency(&e.gw, &e.endpoint, &outcome, e.sent, e.ttft, now);
+        if let Some((latency, _)) = &e.histograms {
+            latency.observe(now.duration_since(e.started).as_secs_f64());
+        }
+        info!(target: "access", model = %e.model, endpoint = %e.endpoint.url, attempts = e.attempts, outcome = outcome.label(), version = e.version, stream = true, ms = now.duration_since(e.started).as_millis() as u64, "stream finished");
+        self.waiting = None;
+        if let Some(mut body) = self.upstream.take()
+            && outcome == Outcome::Success
+            && !body.is_end_stream()
+        {
+            tokio::spawn(async move {
+                let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+                let _ = tokio::time::timeout(DONE_GRACE, drain).await;
+            });
+        }
+    }
+
+    /// Takes what the upstream has ready; `Pending` once it has nothing more.
+    fn poll_upstream(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(body) = &mut self.upstream else {
+            return Poll::Ready(());
+        };
+        let outcome = match ready!(Pin::new(body).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                self.waiting = None;
+                let Ok(data) = frame.into_data() else {
+                    return Poll::Ready(());
+                };
+                match self.relay.take(data, &self.malformed) {
+                    Some(End::Done) => Outcome::Success,
+                    Some(End::Error) => Outcome::ServerError(200),
+                    None => return Poll::Ready(()),
                 }
             }
-        }
+            // The final chunk came, then the stream ended without `[DONE]`: the
+            // answer is complete, and ends properly.
+            None | Some(Err(_)) if self.relay.last => {
+                self.relay.out.extend_from_slice(DONE);
+                Outcome::Success
+            }
+            None => Outcome::Truncated,
+            Some(Err(_)) => Outcome::Connect,
+        };
+        self.end(outcome);
+        Poll::Ready(())
     }
 }
 
-/// Writes `bytes` to the caller; false when the caller has gone.
-async fn pass(tx: &mpsc::Sender<Result<Bytes, std::io::Error>>, bytes: Bytes) -> bool {
-    tx.send(Ok(bytes)).await.is_ok()
+impl hyper::body::Body for Relayed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        loop {
+            // Bounded, so that an upstream faster than the caller cannot grow it.
+            if this.ending.is_some()
+                && this.relay.out.len() < BATCH_LIMIT
+                && this.poll_upstream(cx).is_ready()
+            {
+                continue;
+            }
+            if !this.relay.out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(this.relay.out.split().freeze()))));
+            }
+            if this.ending.is_none() {
+                return Poll::Ready(None);
+            }
+            // Nothing to pass on: wait for the upstream, no longer than the idle limit
+            // (after the final chunk, only briefly for `[DONE]`).
+            let wait = if this.relay.last {
+                DONE_GRACE
+            } else {
+                this.idle
+            };
+            let deadline = this
+                .waiting
+                .get_or_insert_with(|| stanch_net::timer::sleep_until(Instant::now() + wait));
+            ready!(Pin::new(deadline).poll(cx));
+            let outcome = if this.relay.last {
+                this.relay.out.extend_from_slice(DONE);
+                Outcome::Success
+            } else {
+                Outcome::Stalled
+            };
+            this.end(outcome);
+        }
+    }
 }
 
 /// Adds the gateway's headers, counts, and logs.

@@ -36,11 +36,12 @@ use hyper::{Request, Response};
 use prometheus_client::metrics::counter::Counter;
 use rustls::pki_types::ServerName;
 use secrecy::{ExposeSecret, SecretString};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
+use tokio_util::either::Either;
 
 use crate::h1::{self, Decoded, Framing};
 use crate::per_worker::PerWorker;
@@ -195,11 +196,8 @@ struct Conn {
     worker: Option<usize>,
 }
 
-/// A connection's transport.
-enum Io {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
+/// A connection's transport: plain TCP, or TLS over it.
+type Io = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -449,9 +447,9 @@ impl Shared {
                             )
                         })?
                         .map_err(|e| SendError::Tls(target.authority.clone(), e))?;
-                Io::Tls(Box::new(stream))
+                Either::Right(Box::new(stream))
             }
-            None => Io::Plain(tcp),
+            None => Either::Left(tcp),
         };
         if let Some(opened) = self.opened.get() {
             opened.inc();
@@ -519,64 +517,6 @@ async fn write_all(io: &mut Io, mut head: &[u8], mut body: &[u8]) -> std::io::Re
         body = &body[n - in_head..];
     }
     io.write_all(body).await
-}
-
-impl AsyncRead for Io {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Io {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Io::Plain(s) => s.is_write_vectored(),
-            Io::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
 }
 
 /// A response body from a pooled connection: read to its end, it gives the

@@ -824,11 +824,11 @@ async fn stream(
     // Committed: from here on the caller has bytes, so failures end the stream explicitly.
     let mut relayed = Relayed {
         relay,
-        upstream: Some(body),
         idle: gw.config.timeouts.stream_idle.0,
         waiting: None,
         malformed,
-        ending: Some(Ending {
+        open: Some(Open {
+            upstream: body,
             endpoint: endpoint.clone(),
             sent,
             ttft,
@@ -921,19 +921,18 @@ impl Relay {
 /// when the body has nothing ready.
 struct Relayed {
     relay: Relay,
-    /// The upstream's body; taken when the stream ends, to be read to its end.
-    upstream: Option<upstream::Body>,
     /// The longest the upstream may go quiet.
     idle: Duration,
     /// While the upstream has nothing: the deadline that ends the wait.
     waiting: Option<stanch_net::timer::Sleep>,
     malformed: Counter,
-    /// What ending the stream records; `None` once it ended.
-    ending: Option<Ending>,
+    /// The stream while it lasts; `None` once it ended.
+    open: Option<Open>,
 }
 
-/// What a committed stream records when it ends.
-struct Ending {
+/// A committed stream while it lasts: the upstream's body, and what ending it records.
+struct Open {
+    upstream: upstream::Body,
     gw: Arc<Gateway>,
     endpoint: Arc<Endpoint>,
     sent: Instant,
@@ -957,7 +956,7 @@ impl Relayed {
     /// end (the chunked terminator follows `[DONE]`) on a task of its own, so that its
     /// connection can be reused without holding up the end of the caller's stream.
     fn end(&mut self, outcome: Outcome) {
-        let Some(e) = self.ending.take() else {
+        let Some(e) = self.open.take() else {
             return;
         };
         if outcome != Outcome::Success {
@@ -970,10 +969,8 @@ impl Relayed {
         }
         info!(target: "access", model = %e.model, endpoint = %e.endpoint.url, attempts = e.attempts, outcome = outcome.label(), version = e.version, stream = true, ms = now.duration_since(e.started).as_millis() as u64, "stream finished");
         self.waiting = None;
-        if let Some(mut body) = self.upstream.take()
-            && outcome == Outcome::Success
-            && !body.is_end_stream()
-        {
+        let mut body = e.upstream;
+        if outcome == Outcome::Success && !body.is_end_stream() {
             tokio::spawn(async move {
                 let drain = async { while let Some(Ok(_)) = body.frame().await {} };
                 let _ = tokio::time::timeout(DONE_GRACE, drain).await;
@@ -981,33 +978,40 @@ impl Relayed {
         }
     }
 
-    /// Takes what the upstream has ready; `Pending` once it has nothing more.
+    /// The upstream ended, broke or went quiet, which is `outcome`; after the final
+    /// chunk, the answer is complete all the same, and ends properly with `[DONE]`.
+    fn stopped(&mut self, outcome: Outcome) {
+        if self.relay.last {
+            self.relay.out.extend_from_slice(DONE);
+            self.end(Outcome::Success);
+        } else {
+            self.end(outcome);
+        }
+    }
+
+    /// Takes what the upstream has ready: `Pending` once it has nothing more, or when
+    /// the stream has ended.
     fn poll_upstream(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(body) = &mut self.upstream else {
-            return Poll::Ready(());
+        let Some(open) = &mut self.open else {
+            return Poll::Pending;
         };
-        let outcome = match ready!(Pin::new(body).poll_frame(cx)) {
+        let outcome = match ready!(Pin::new(&mut open.upstream).poll_frame(cx)) {
             Some(Ok(frame)) => {
                 self.waiting = None;
                 let Ok(data) = frame.into_data() else {
                     return Poll::Ready(());
                 };
                 match self.relay.take(data, &self.malformed) {
-                    Some(End::Done) => Outcome::Success,
-                    Some(End::Error) => Outcome::ServerError(200),
-                    None => return Poll::Ready(()),
+                    Some(End::Done) => self.end(Outcome::Success),
+                    Some(End::Error) => self.end(Outcome::ServerError(200)),
+                    None => {}
                 }
-            }
-            // The final chunk came, then the stream ended without `[DONE]`: the
-            // answer is complete, and ends properly.
-            None | Some(Err(_)) if self.relay.last => {
-                self.relay.out.extend_from_slice(DONE);
-                Outcome::Success
+                return Poll::Ready(());
             }
             None => Outcome::Truncated,
             Some(Err(_)) => Outcome::Connect,
         };
-        self.end(outcome);
+        self.stopped(outcome);
         Poll::Ready(())
     }
 }
@@ -1023,16 +1027,13 @@ impl hyper::body::Body for Relayed {
         let this = self.get_mut();
         loop {
             // Bounded, so that an upstream faster than the caller cannot grow it.
-            if this.ending.is_some()
-                && this.relay.out.len() < BATCH_LIMIT
-                && this.poll_upstream(cx).is_ready()
-            {
+            if this.relay.out.len() < BATCH_LIMIT && this.poll_upstream(cx).is_ready() {
                 continue;
             }
             if !this.relay.out.is_empty() {
                 return Poll::Ready(Some(Ok(Frame::data(this.relay.out.split().freeze()))));
             }
-            if this.ending.is_none() {
+            if this.open.is_none() {
                 return Poll::Ready(None);
             }
             // Nothing to pass on: wait for the upstream, no longer than the idle limit
@@ -1046,13 +1047,7 @@ impl hyper::body::Body for Relayed {
                 .waiting
                 .get_or_insert_with(|| stanch_net::timer::sleep_until(Instant::now() + wait));
             ready!(Pin::new(deadline).poll(cx));
-            let outcome = if this.relay.last {
-                this.relay.out.extend_from_slice(DONE);
-                Outcome::Success
-            } else {
-                Outcome::Stalled
-            };
-            this.end(outcome);
+            this.stopped(Outcome::Stalled);
         }
     }
 }

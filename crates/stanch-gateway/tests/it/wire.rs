@@ -132,12 +132,17 @@ fn length_framed(status_line: &str, extra: &str, body: &str) -> Vec<u8> {
 
 /// A gateway with the model on `urls`, one pool each, in order.
 async fn in_front_of(urls: &[&str]) -> Setup {
+    in_front_of_with(urls, POLICY).await
+}
+
+/// As [`in_front_of`], with `policy` instead of the tests' usual one.
+async fn in_front_of_with(urls: &[&str], policy: &str) -> Setup {
     let pools: String = urls
         .iter()
         .enumerate()
         .map(|(i, url)| format!("      - name: p{i}\n        endpoints: [{{url: '{url}'}}]\n"))
         .collect();
-    let yaml = format!("models:\n  qwen-72b:\n    faq: default\n    pools:\n{pools}{POLICY}");
+    let yaml = format!("models:\n  qwen-72b:\n    faq: default\n    pools:\n{pools}{policy}");
     gateway(&yaml, &[]).await
 }
 
@@ -283,5 +288,52 @@ async fn large_requests_and_answers_cross_in_many_reads_and_writes() {
             (2, 1),
             "{case}: one connection"
         );
+    }
+}
+
+/// A streamed answer's head and chunks: a token, then the final chunk, and no
+/// `[DONE]` or chunked terminator after it.
+fn final_chunk_then_nothing() -> Vec<u8> {
+    let event = |delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"qwen-72b\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let mut wire =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    for event in [
+        event(r#"{"content":"whole"}"#, "null"),
+        event("{}", r#""stop""#),
+    ] {
+        wire.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+    }
+    wire
+}
+
+#[tokio::test]
+async fn a_stream_whose_final_chunk_came_is_complete_however_the_upstream_stops() {
+    // A long idle limit: the end must come from the final chunk, not from the stall.
+    let policy = POLICY.replace("stream_idle: 400ms", "stream_idle: 5s");
+    // The upstream goes quiet with the connection open, or closes it mid-body.
+    for (case, close) in [("goes quiet", false), ("closes", true)] {
+        let up = Scripted::start(final_chunk_then_nothing(), close).await;
+        let gw = in_front_of_with(&[&up.base], &policy).await;
+        let started = tokio::time::Instant::now();
+        let text = gw.chat("qwen-72b", true).await.text().await.unwrap();
+        let ev = events(&text);
+        assert_eq!(crate::support::content(&ev), "whole", "{case}: {text}");
+        assert_eq!(
+            ev.last().map(String::as_str),
+            Some("[DONE]"),
+            "{case}: {text}"
+        );
+        assert!(!text.contains("stream_interrupted"), "{case}: {text}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{case}: promptly, not after the idle limit"
+        );
+        let status = gw.status().await;
+        assert_eq!(status["endpoints"][0]["failures"], 0, "{case}: {status}");
     }
 }

@@ -474,9 +474,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = limits(&gateway);
-    let sweeper = tokio::spawn(sweep_loop(gateway.clone()));
+    let _sweeping = Sweeper::start(&gateway);
     stanch_net::serve(listener, Front::new(gateway), None, limits, shutdown).await;
-    sweeper.abort();
     Ok(())
 }
 
@@ -491,7 +490,7 @@ pub async fn serve_on(
     // Their connection counts show in the metrics.
     let _ = gateway.workers.set(workers.load());
     let limits = limits(&gateway);
-    let sweeper = tokio::spawn(sweep_loop(gateway.clone()));
+    let _sweeping = Sweeper::start(&gateway);
     stanch_net::serve_on(
         workers,
         listener,
@@ -501,21 +500,34 @@ pub async fn serve_on(
         shutdown,
     )
     .await;
-    sweeper.abort();
     Ok(())
 }
 
 /// Every second, closes the idle upstream connections that their upstream has closed
 /// or that have aged out: nothing else reads an idle connection, so without this one
-/// the upstream closed would stay half-open until its endpoint's next request.
-async fn sweep_loop(gateway: Arc<Gateway>) {
-    let mut ticker = tokio::time::interval(Duration::from_secs(1));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        for endpoint in gateway.endpoints() {
-            endpoint.conns.sweep();
-        }
+/// the upstream closed would stay half-open until its endpoint's next request. It runs
+/// while the gateway serves, and stops when serving ends, however it ends.
+struct Sweeper(tokio::task::JoinHandle<()>);
+
+impl Sweeper {
+    fn start(gateway: &Arc<Gateway>) -> Sweeper {
+        let gateway = gateway.clone();
+        Sweeper(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(Duration::from_secs(1));
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                for endpoint in gateway.endpoints() {
+                    endpoint.conns.sweep();
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

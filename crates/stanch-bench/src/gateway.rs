@@ -95,14 +95,19 @@ struct Usage {
     switches: f64,
 }
 
+/// The fields of `/proc/PID/stat` after the command name (which is in parentheses and
+/// may hold spaces): state, parent, ..., user time at 11, system time at 12.
+fn stat_fields(pid: u32) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace().map(str::to_owned).collect()
+}
+
 impl Usage {
     fn of(pid: u32) -> Usage {
         let mut total = Usage::default();
         let mut add = |pid: u32| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // Fields after the command name, which is in parentheses and may hold spaces.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let f: Vec<&str> = rest.split_whitespace().collect();
+            let f = stat_fields(pid);
             let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
             total.user += num(11) / 100.0; // USER_HZ
             total.system += num(12) / 100.0;
@@ -118,7 +123,6 @@ impl Usage {
                     .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
                     .sum::<f64>();
             }
-            f.get(1).and_then(|v| v.parse::<u32>().ok())
         };
         add(pid);
         // Worker processes (nginx) are children of the process measured.
@@ -130,16 +134,9 @@ impl Usage {
             .filter(|&p| p != pid)
             .collect();
         for child in children {
-            let parent = std::fs::read_to_string(format!("/proc/{child}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit_once(')')?
-                        .1
-                        .split_whitespace()
-                        .nth(1)?
-                        .parse::<u32>()
-                        .ok()
-                });
+            let parent = stat_fields(child)
+                .get(1)
+                .and_then(|v| v.parse::<u32>().ok());
             if parent == Some(pid) {
                 add(child);
             }
@@ -730,25 +727,18 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     }
 
     if compared.is_some() {
-        // The two builds, round by round.
-        let ratios: Vec<f64> = results[1]
-            .iter()
-            .zip(&results[0])
-            .map(|(b, a)| b.throughput / a.throughput)
-            .collect();
-        let cpu: Vec<f64> = results[1]
-            .iter()
-            .zip(&results[0])
-            .map(|(b, a)| (b.used.cpu() - a.used.cpu()) * 1e6)
-            .collect();
-        let user: Vec<f64> = results[1]
-            .iter()
-            .zip(&results[0])
-            .map(|(b, a)| (b.used.user - a.used.user) * 1e6)
-            .collect();
-        let (mean, error) = mean_and_error(&ratios);
-        let (cpu_mean, cpu_error) = mean_and_error(&cpu);
-        let (user_mean, user_error) = mean_and_error(&user);
+        // The two builds, round by round: the mean and standard error of `of(new, old)`.
+        let by_round = |of: fn(&Round, &Round) -> f64| {
+            let values: Vec<f64> = results[1]
+                .iter()
+                .zip(&results[0])
+                .map(|(b, a)| of(b, a))
+                .collect();
+            mean_and_error(&values)
+        };
+        let (mean, error) = by_round(|b, a| b.throughput / a.throughput);
+        let (cpu_mean, cpu_error) = by_round(|b, a| (b.used.cpu() - a.used.cpu()) * 1e6);
+        let (user_mean, user_error) = by_round(|b, a| (b.used.user - a.used.user) * 1e6);
         println!(
             "compared gateway against stanch-gateway, mean ± standard error over rounds: throughput {:.1} % ± {:.1} %, CPU {cpu_mean:+.2} ± {cpu_error:.2} µs/request, of which user {user_mean:+.2} ± {user_error:.2}",
             mean * 100.0,

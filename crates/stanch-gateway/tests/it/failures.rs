@@ -576,6 +576,42 @@ async fn streams_pass_through_as_tokens_arrive() {
 }
 
 #[tokio::test]
+async fn a_caller_that_leaves_mid_stream_frees_its_endpoint_and_costs_it_nothing() {
+    let mut config = MockConfig::new("qwen-72b", "a");
+    // Tokens 2 s apart: the answer would take 6 s, the check below waits at most 1 s.
+    config.token_interval = Duration::from_secs(2);
+    let a = Upstream::with(config).await;
+    // An idle limit above the token interval, so the stream is not cut as stalled.
+    let policy = POLICY.replace("stream_idle: 400ms", "stream_idle: 5s");
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    pools:\n      - name: dc-a\n        endpoints: [{{url: '{{a}}'}}]\n{policy}"
+    );
+    let gw = gateway(&yaml, &[("a", &a)]).await;
+    let in_flight = async || gw.status().await["endpoints"][0]["in_flight"].as_u64();
+    let mut r = gw.chat("qwen-72b", true).await;
+    assert!(r.chunk().await.unwrap().is_some(), "the first token");
+    assert_eq!(in_flight().await, Some(1), "counted while it streams");
+    drop(r);
+    let mut freed = false;
+    for _ in 0..100 {
+        if in_flight().await == Some(0) {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        freed,
+        "freed once the caller left, not when the answer would have ended"
+    );
+    let status = gw.status().await;
+    assert_eq!(
+        status["endpoints"][0]["failures"], 0,
+        "not the endpoint's fault: {status}"
+    );
+}
+
+#[tokio::test]
 async fn a_whole_answer_over_the_size_limit_is_a_failed_attempt() {
     let a = Upstream::start("qwen-72b", "a").await;
     let yaml = format!(

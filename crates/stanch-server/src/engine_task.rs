@@ -24,6 +24,25 @@ use crate::metrics::{ActionLabel, KindLabel, ModelLabel, TransitionLabels};
 use crate::publish::{Publisher, Snapshot};
 use crate::store::{Record, StateStore, StoreError};
 
+/// An error's causes, joined, for a log line.
+pub(crate) struct ErrorChain<'a>(pub &'a dyn std::error::Error);
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut source = self.0.source();
+        let mut first = true;
+        while let Some(e) = source {
+            if !first {
+                f.write_str(": ")?;
+            }
+            write!(f, "{e}")?;
+            first = false;
+            source = e.source();
+        }
+        Ok(())
+    }
+}
+
 /// Requests taken in one commit at most.
 const MAX_BATCH: usize = 512;
 /// Journal records written between snapshots.
@@ -45,9 +64,13 @@ pub struct Applied {
 /// Why an input was not applied durably.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineUnavailable {
-    /// The state store cannot write; the input may be retried.
-    #[error("state store cannot write: {0}")]
-    Store(String),
+    /// The state store cannot write; the input may be retried. The cause is logged,
+    /// not carried: it is for operators, not for callers.
+    #[error("the state store cannot write ({kind}); retry later")]
+    Store {
+        /// The failing operation, [`StoreError::kind`].
+        kind: &'static str,
+    },
     /// The engine task has stopped.
     #[error("the engine is shutting down")]
     Stopped,
@@ -99,6 +122,10 @@ pub struct EngineTask {
     store: Option<Box<dyn StateStore>>,
     next_seq: u64,
     since_snapshot: u64,
+    snapshot_every: u64,
+    /// No snapshot is durable yet (a first start, or one that failed): the next
+    /// durable write is a snapshot, so the epoch is on disk before any record.
+    needs_snapshot: bool,
     unsynced: Vec<Record>,
     unsynced_decisions: Vec<(Timestamp, Vec<Decision>, bool)>,
     history: Arc<History>,
@@ -141,6 +168,7 @@ impl EngineTask {
             error!(store = store.kind(), problem = %why, "state was unreadable: starting over under a new epoch; versions restart");
             metrics.state_corrupt_recovered.set(1);
         }
+        let snapshot_seq = loaded.snapshot.as_ref().map(|(_, seq)| *seq);
         let (state, mut seq) = match loaded.snapshot {
             Some((state, seq)) => (state, seq),
             None => (Engine::fresh_state(new_epoch(now), now), 0),
@@ -151,6 +179,9 @@ impl EngineTask {
             engine.step(record.input, record.at);
             seq = record.seq;
         }
+        // What is durable now; published as it is if the start's own records cannot
+        // be written, so no version is shown that a crash could take back.
+        let restored = snapshot_of(&engine, now);
         let first = engine.step(Input::Tick, now);
         info!(
             epoch = %engine.state().epoch,
@@ -164,27 +195,51 @@ impl EngineTask {
             healthy: AtomicBool::new(true),
             recovered_from_corruption: loaded.corruption,
         });
-        let mut task_seq = seq + 1;
+        let mut next_seq = seq + 1;
         let mut unsynced = Vec::new();
         if first.changed {
             unsynced.push(Record {
-                seq: task_seq,
+                seq: next_seq,
                 at: now,
                 input: Input::Tick,
             });
-            task_seq += 1;
+            next_seq += 1;
         }
-        // Compact at start so replay stays short across restarts.
-        store.append(&unsynced)?;
-        store.snapshot(engine.state(), task_seq - 1)?;
-        let publisher = Arc::new(Publisher::new(snapshot_of(&engine, now)));
+        // A history without a snapshot has its epoch nowhere on disk: until one is
+        // written, every durable write is a snapshot (it covers every record).
+        let mut needs_snapshot = snapshot_seq.is_none();
+        let written = if needs_snapshot {
+            store.snapshot(engine.state(), next_seq - 1)
+        } else {
+            store.append(&unsynced).map(|()| {
+                // Compact at start so replay stays short across restarts.
+                if let Err(e) = store.snapshot(engine.state(), next_seq - 1) {
+                    warn!(error = %e, source = %ErrorChain(&e), "cannot write a snapshot at start; the journal keeps everything");
+                }
+            })
+        };
+        let published = match written {
+            Ok(()) => {
+                unsynced.clear();
+                needs_snapshot = false;
+                snapshot_of(&engine, now)
+            }
+            Err(e) => {
+                error!(error = %e, source = %ErrorChain(&e), "cannot write state at start; serving the restored table, refusing input until the store recovers");
+                health.healthy.store(false, Ordering::Relaxed);
+                restored
+            }
+        };
+        let publisher = Arc::new(Publisher::new(published));
         let (tx, rx) = mpsc::channel(4096);
         let task = EngineTask {
             engine,
             store: Some(store),
-            next_seq: task_seq,
+            next_seq,
             since_snapshot: 0,
-            unsynced: Vec::new(),
+            snapshot_every: SNAPSHOT_EVERY,
+            needs_snapshot,
+            unsynced,
             unsynced_decisions: Vec::new(),
             history,
             publisher: publisher.clone(),
@@ -200,6 +255,18 @@ impl EngineTask {
             publisher,
             health,
         })
+    }
+
+    /// The engine's state as restored (before [`EngineTask::run`]): for status at start
+    /// and for tests that check what survived.
+    pub fn state(&self) -> &stanch_core::EngineState {
+        self.engine.state()
+    }
+
+    /// Writes a snapshot (and empties the journal) after every `records` journal
+    /// records instead of the default 5,000: tests use it to exercise compaction.
+    pub fn set_snapshot_every(&mut self, records: u64) {
+        self.snapshot_every = records.max(1);
     }
 
     /// Runs until `shutdown` resolves, then writes a final snapshot.
@@ -249,8 +316,9 @@ impl EngineTask {
         let mut answered = Vec::with_capacity(jobs.len());
         for job in jobs {
             if self.unsynced.len() >= MAX_UNSYNCED {
-                let why = "state store has been failing; refusing new input until it recovers";
-                let _ = job.reply.send(Err(EngineUnavailable::Store(why.into())));
+                let _ = job
+                    .reply
+                    .send(Err(EngineUnavailable::Store { kind: "backlog" }));
                 continue;
             }
             let step = self.engine.step(job.input.clone(), now);
@@ -287,10 +355,17 @@ impl EngineTask {
 
         let records = std::mem::take(&mut self.unsynced);
         let decisions = std::mem::take(&mut self.unsynced_decisions);
+        let snapshot = self
+            .needs_snapshot
+            .then(|| (self.engine.state().clone(), self.next_seq - 1));
+        let wrote_snapshot = snapshot.is_some();
         let mut store = self.store.take().expect("store present between commits");
         let history = self.history.clone();
         let joined = tokio::task::spawn_blocking(move || {
-            let result = store.append(&records);
+            let result = match &snapshot {
+                Some((state, seq)) => store.snapshot(state, *seq),
+                None => store.append(&records),
+            };
             if result.is_ok() {
                 for (at, ds, dry) in &decisions {
                     if let Err(e) = history.record(*at, ds, *dry) {
@@ -309,7 +384,12 @@ impl EngineTask {
         match result {
             Ok(()) => {
                 self.health.healthy.store(true, Ordering::Relaxed);
-                self.since_snapshot += records.len() as u64;
+                if wrote_snapshot {
+                    self.needs_snapshot = false;
+                    self.since_snapshot = 0;
+                } else {
+                    self.since_snapshot += records.len() as u64;
+                }
                 let all: Vec<Decision> = decisions.into_iter().flat_map(|(_, d, _)| d).collect();
                 self.update_metrics(&all);
                 self.publisher.publish(snapshot_of(&self.engine, now));
@@ -320,13 +400,13 @@ impl EngineTask {
                         .observe(arrived.elapsed().as_secs_f64());
                     let _ = reply.send(Ok(Applied { decisions, version }));
                 }
-                if self.since_snapshot >= SNAPSHOT_EVERY {
+                if self.since_snapshot >= self.snapshot_every {
                     self.snapshot().await;
                 }
             }
             Err(e) => {
                 if self.health.healthy.swap(false, Ordering::Relaxed) {
-                    error!(error = %e, source = ?std::error::Error::source(&e), "cannot write the journal; holding decisions unpublished and refusing acknowledgements until it recovers");
+                    error!(error = %e, source = %ErrorChain(&e), "cannot write the journal; holding decisions unpublished and refusing acknowledgements until it recovers");
                 }
                 self.metrics
                     .store_errors
@@ -335,7 +415,7 @@ impl EngineTask {
                 self.unsynced = records;
                 self.unsynced_decisions = decisions;
                 for (reply, _, _) in answered {
-                    let _ = reply.send(Err(EngineUnavailable::Store(e.to_string())));
+                    let _ = reply.send(Err(EngineUnavailable::Store { kind: e.kind() }));
                 }
             }
         }
@@ -359,7 +439,7 @@ impl EngineTask {
                     .store_errors
                     .get_or_create(&KindLabel { kind: e.kind() })
                     .inc();
-                warn!(error = %e, "cannot write a snapshot; the journal keeps growing until one succeeds");
+                warn!(error = %e, source = %ErrorChain(&e), "cannot write a snapshot; the journal keeps growing until one succeeds");
             }
         }
     }

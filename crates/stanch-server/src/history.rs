@@ -151,7 +151,11 @@ impl HistoryFile {
                 .open(&self.path)?;
             self.written = 0;
         }
-        self.file.write_all(bytes)?;
+        if let Err(e) = self.file.write_all(bytes) {
+            // Cut a partial entry off, so the next one does not start mid-line.
+            let _ = self.file.set_len(self.written);
+            return Err(e);
+        }
         self.written += bytes.len() as u64;
         Ok(())
     }
@@ -166,15 +170,16 @@ fn read_tail(path: &Path, max_entries: usize) -> std::io::Result<Vec<HistoryEntr
     let len = file.metadata()?.len();
     let start = len.saturating_sub(TAIL_BYTES);
     file.seek(SeekFrom::Start(start))?;
-    let mut text = String::new();
-    file.take(TAIL_BYTES).read_to_string(&mut text).ok();
-    let mut lines: Vec<&str> = text.lines().collect();
+    let mut bytes = Vec::new();
+    file.take(TAIL_BYTES).read_to_end(&mut bytes)?;
+    // Bytes, not text: a torn or damaged line (any bytes) costs that entry only.
+    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
     if start > 0 && !lines.is_empty() {
         lines.remove(0); // Most likely cut in the middle.
     }
     let mut entries: Vec<HistoryEntry> = lines
         .iter()
-        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter_map(|l| serde_json::from_slice(l).ok())
         .collect();
     let excess = entries.len().saturating_sub(max_entries);
     entries.drain(..excess);
@@ -236,6 +241,24 @@ mod tests {
             6,
             "sequence continues after a restart"
         );
+    }
+
+    #[test]
+    fn damaged_lines_cost_only_their_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = History::open(dir.path(), 10, 1 << 20).unwrap();
+        h.record(Timestamp(1), &[transition("a")], false).unwrap();
+        drop(h);
+        let path = dir.path().join("history.jsonl");
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all("{\"seq\":2,\"summary\":\"集".as_bytes().split_at(20).0)
+            .unwrap();
+        f.write_all(b"\xff\xfe\n").unwrap();
+        drop(f);
+        let h = History::open(dir.path(), 10, 1 << 20).unwrap();
+        h.record(Timestamp(3), &[transition("b")], false).unwrap();
+        let seqs: Vec<u64> = h.list(10, None, None).iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![1, 2]);
     }
 
     #[test]

@@ -128,7 +128,12 @@ async fn a_full_disk_is_a_retryable_error_and_nothing_is_lost() {
         .await;
     assert_eq!(r.status(), 503, "Alertmanager retries 5xx");
     let e: Value = r.json().await.unwrap();
-    assert!(e["detail"].as_str().unwrap().contains("journal"), "{e}");
+    let detail = e["detail"].as_str().unwrap();
+    assert!(detail.contains("state store cannot write"), "{e}");
+    assert!(
+        !detail.contains(h.dir.to_str().unwrap()) && !detail.contains("space"),
+        "the cause is logged, not sent to callers: {e}"
+    );
     assert_eq!(h.get("/readyz", None).await.status(), 503);
     assert_eq!(h.json("/v1/status").await["store"]["healthy"], false);
     assert_eq!(

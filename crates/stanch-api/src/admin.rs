@@ -115,14 +115,35 @@ pub struct AdminResponse {
     pub effects: Vec<String>,
 }
 
+/// The longest `ttl` an override may have: 30 days. Longer is what "until released"
+/// (no `ttl`) is for.
+pub const MAX_TTL: HumanDuration = HumanDuration::secs(30 * 86_400);
+
+/// The longest `reason`, in characters (Unicode scalar values), as the OpenAPI
+/// document's `maxLength` counts them.
+pub const MAX_REASON_CHARS: usize = 1024;
+
 /// Checks the `reason` every override must carry.
-pub fn validate_reason(reason: &str) -> Result<(), &'static str> {
+pub fn validate_reason(reason: &str) -> Result<(), String> {
     let trimmed = reason.trim();
     if trimmed.is_empty() {
-        Err("reason: must say why (it goes into the audit history)")
-    } else if trimmed.len() > 1024 {
-        Err("reason: at most 1024 bytes")
+        Err("reason: must say why (it goes into the audit history)".into())
+    } else if reason.chars().count() > MAX_REASON_CHARS {
+        Err(format!("reason: at most {MAX_REASON_CHARS} characters"))
     } else {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_is_limited_in_characters_not_bytes() {
+        assert!(validate_reason(&"集".repeat(MAX_REASON_CHARS)).is_ok());
+        let err = validate_reason(&"集".repeat(MAX_REASON_CHARS + 1)).unwrap_err();
+        assert!(err.starts_with("reason:"), "{err}");
+        assert!(validate_reason("  ").is_err());
     }
 }

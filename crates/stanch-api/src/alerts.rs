@@ -179,6 +179,47 @@ enum Dialect {
     ApiList,
 }
 
+/// The most labels one alert may carry (Prometheus' own default limit is 30 per series).
+pub const MAX_LABELS: usize = 64;
+/// The longest label or annotation name, in bytes.
+pub const MAX_LABEL_NAME: usize = 256;
+/// The longest label value, in bytes.
+pub const MAX_LABEL_VALUE: usize = 4096;
+/// The most annotations one alert may carry.
+pub const MAX_ANNOTATIONS: usize = 64;
+/// The longest annotation value, in bytes (descriptions and runbook text).
+pub const MAX_ANNOTATION_VALUE: usize = 16 * 1024;
+
+/// Checks a label set's size: `what` is `labels` or `annotations`.
+fn check_sizes(
+    prefix: &str,
+    what: &str,
+    set: &Labels,
+    max_entries: usize,
+    max_value: usize,
+) -> Result<(), String> {
+    if set.len() > max_entries {
+        return Err(format!(
+            "{prefix}.{what}: {} entries, at most {max_entries}",
+            set.len()
+        ));
+    }
+    for (name, value) in set {
+        let shown: String = name.chars().take(32).collect();
+        if name.len() > MAX_LABEL_NAME {
+            return Err(format!(
+                "{prefix}.{what}: name {shown:?}… is longer than {MAX_LABEL_NAME} bytes"
+            ));
+        }
+        if value.len() > max_value {
+            return Err(format!(
+                "{prefix}.{what}.{shown}: value longer than {max_value} bytes"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn parse_alert(
     index: usize,
     value: Value,
@@ -197,6 +238,17 @@ fn parse_alert(
         return Err(reject(format!(
             "{prefix}.labels: empty label name {name:?}"
         )));
+    }
+    check_sizes(&prefix, "labels", &wire.labels, MAX_LABELS, MAX_LABEL_VALUE).map_err(reject)?;
+    if let Some(annotations) = &wire.annotations {
+        check_sizes(
+            &prefix,
+            "annotations",
+            annotations,
+            MAX_ANNOTATIONS,
+            MAX_ANNOTATION_VALUE,
+        )
+        .map_err(reject)?;
     }
     let time = |field: &str, raw: &Option<String>| -> Result<Option<Timestamp>, RejectedAlert> {
         match raw.as_deref() {
@@ -395,7 +447,8 @@ mod tests {
 
     #[test]
     fn empty_labels_are_refused() {
-        let err = parse_prometheus_push(br#"[{"labels":{}}]"#, Timestamp(0)).unwrap_err();
+        let err =
+            parse_prometheus_push(br#"[{"labels":{}}]"#, Timestamp::from_millis(0)).unwrap_err();
         assert!(err.to_string().contains("at least one label"), "{err}");
     }
 }

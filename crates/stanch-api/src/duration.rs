@@ -10,14 +10,24 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct HumanDuration(pub Duration);
 
-/// The error for a string that is not a duration.
+/// The error for a string that is not a duration stanch accepts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not a duration: {input:?} (write it like 90s, 10m or 1h)")]
-pub struct BadDuration {
-    input: String,
+pub enum BadDuration {
+    /// Not a duration at all.
+    #[error("not a duration: {0:?} (write it like 90s, 10m or 1h)")]
+    Syntax(String),
+    /// Longer than [`HumanDuration::MAX`].
+    #[error("{0:?} is longer than the longest duration stanch accepts ({max})", max = HumanDuration::MAX)]
+    TooLong(String),
 }
 
 impl HumanDuration {
+    /// The longest duration any setting or request may hold: 10 years (`3650d`).
+    /// Fields have tighter limits of their own (an override's TTL, for one); this
+    /// one keeps every time stanch computes from a duration far inside the range a
+    /// timestamp can hold.
+    pub const MAX: HumanDuration = HumanDuration(Duration::from_secs(3650 * 86_400));
+
     /// A duration of `secs` seconds.
     pub const fn secs(secs: u64) -> Self {
         Self(Duration::from_secs(secs))
@@ -35,17 +45,19 @@ impl FromStr for HumanDuration {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let trimmed = s.trim();
+        let shown = || s.chars().take(64).collect::<String>();
         // A bare number is ambiguous (seconds? milliseconds?), so it is refused.
         if trimmed.is_empty() || trimmed.chars().all(|c| c.is_ascii_digit()) {
-            return Err(BadDuration {
-                input: s.to_owned(),
-            });
+            return Err(BadDuration::Syntax(shown()));
         }
-        humantime::parse_duration(trimmed)
-            .map(Self)
-            .map_err(|_| BadDuration {
-                input: s.to_owned(),
-            })
+        let d = humantime::parse_duration(trimmed).map_err(|e| match e {
+            humantime::DurationError::NumberOverflow => BadDuration::TooLong(shown()),
+            _ => BadDuration::Syntax(shown()),
+        })?;
+        if d > Self::MAX.0 {
+            return Err(BadDuration::TooLong(shown()));
+        }
+        Ok(Self(d))
     }
 }
 
@@ -100,6 +112,24 @@ mod tests {
         for bad in ["", "60", "soon", "-5s"] {
             let err = bad.parse::<HumanDuration>().unwrap_err();
             assert!(err.to_string().contains("not a duration"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn refuses_absurd_lengths() {
+        assert_eq!(
+            "3650d".parse::<HumanDuration>().unwrap(),
+            HumanDuration::MAX
+        );
+        for absurd in [
+            "3651d",
+            "100000000h",
+            "500000000y",
+            "99999999999999999999999s",
+        ] {
+            let err = absurd.parse::<HumanDuration>().unwrap_err();
+            assert!(matches!(err, BadDuration::TooLong(_)), "{absurd}: {err}");
+            assert!(err.to_string().contains("longest"), "{err}");
         }
     }
 

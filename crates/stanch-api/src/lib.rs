@@ -32,3 +32,47 @@ pub struct ErrorBody {
     /// What was wrong and where, for a human.
     pub detail: String,
 }
+
+/// Reads a JSON request body as `T`; the error names the field that was wrong
+/// (`ttl: "100000000h" is longer than …`), or says `body:` when it is not JSON at all.
+pub fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let clean = |text: String| {
+        text.split(" at line ")
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let text = clean(e.into_inner().to_string());
+        // serde_json appends "at line 1 column 42", which says nothing to a caller.
+        if matches!(path.as_str(), "." | "?" | "") {
+            format!("body: {text}")
+        } else {
+            format!("{path}: {text}")
+        }
+    })?;
+    de.end()
+        .map_err(|e| format!("body: {}", clean(e.to_string())))?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn json_errors_name_the_field() {
+        let err = super::from_json::<admin::BlockRequest>(
+            br#"{"endpoint": "a", "ttl": "100000000h", "reason": "r"}"#,
+        )
+        .unwrap_err();
+        assert!(err.starts_with("ttl: "), "{err}");
+        let err = super::from_json::<admin::BlockRequest>(b"{ nope").unwrap_err();
+        assert!(err.starts_with("body: "), "{err}");
+        let err = super::from_json::<admin::BlockRequest>(br#"{"endpoint": "a", "reason": "r"} x"#)
+            .unwrap_err();
+        assert!(err.starts_with("body: trailing"), "{err}");
+    }
+
+    use super::*;
+}

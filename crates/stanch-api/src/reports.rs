@@ -27,6 +27,9 @@ pub struct EndpointReport {
     pub failures: u64,
     /// The longest run of failures in a row since the last report, including a run
     /// still going (a gateway's own block may have ended it; the run still counts).
+    /// The controller holds it to what the reports can show: a run grows by at most
+    /// the `failures` of each report, so it is counted as at most this gateway's
+    /// previous run plus `failures`.
     pub consecutive_failures: u32,
 }
 
@@ -42,6 +45,10 @@ pub struct ReportResponse {
 /// The most endpoints one report may carry.
 pub const MAX_REPORT_ENDPOINTS: usize = 10_000;
 
+/// The largest count of successes or failures one report may carry for an endpoint:
+/// a billion, more than any gateway answers between two reports.
+pub const MAX_REPORT_COUNT: u64 = 1_000_000_000;
+
 impl ReportBatch {
     /// Checks a report from the wire; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
@@ -55,8 +62,20 @@ impl ReportBatch {
             if e.endpoint.trim().is_empty() || e.endpoint.len() > 512 {
                 return Err(format!("endpoints[{i}].endpoint: 1 to 512 characters"));
             }
-            if e.model.trim().is_empty() {
-                return Err(format!("endpoints[{i}].model: must not be empty"));
+            if e.model.trim().is_empty() || e.model.len() > 256 {
+                return Err(format!("endpoints[{i}].model: 1 to 256 characters"));
+            }
+            for (field, n) in [("successes", e.successes), ("failures", e.failures)] {
+                if n > MAX_REPORT_COUNT {
+                    return Err(format!(
+                        "endpoints[{i}].{field}: at most {MAX_REPORT_COUNT}"
+                    ));
+                }
+            }
+            if u64::from(e.consecutive_failures) > MAX_REPORT_COUNT {
+                return Err(format!(
+                    "endpoints[{i}].consecutive_failures: at most {MAX_REPORT_COUNT}"
+                ));
             }
         }
         Ok(())

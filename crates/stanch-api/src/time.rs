@@ -2,6 +2,12 @@
 //!
 //! A [`Timestamp`] is milliseconds since the Unix epoch. It is a value, not a clock:
 //! nothing here reads the current time. On the wire it is an RFC 3339 string.
+//!
+//! Every timestamp is between [`Timestamp::MIN`] (`0000-01-01T00:00:00Z`) and
+//! [`Timestamp::MAX`] (`9999-12-31T23:59:59.999Z`), the range RFC 3339 can write:
+//! construction and arithmetic saturate at those ends, so no time that stanch makes
+//! (a block's end a hundred million hours away, say) can be one that a gateway or a
+//! restarted controller cannot read back.
 
 use std::fmt;
 use std::ops::{Add, Sub};
@@ -10,9 +16,9 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Milliseconds since 1970-01-01T00:00:00Z.
+/// Milliseconds since 1970-01-01T00:00:00Z, within the range RFC 3339 can write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Timestamp(pub i64);
+pub struct Timestamp(i64);
 
 /// The error for a string that is not an RFC 3339 timestamp.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,9 +26,21 @@ pub struct Timestamp(pub i64);
 pub struct BadTimestamp(String);
 
 impl Timestamp {
-    /// The timestamp `ms` milliseconds after the Unix epoch.
+    /// The earliest: `0000-01-01T00:00:00Z`.
+    pub const MIN: Timestamp = Timestamp(-62_167_219_200_000);
+    /// The latest: `9999-12-31T23:59:59.999Z`.
+    pub const MAX: Timestamp = Timestamp(253_402_300_799_999);
+
+    /// The timestamp `ms` milliseconds after the Unix epoch, held within
+    /// [`Timestamp::MIN`] and [`Timestamp::MAX`].
     pub const fn from_millis(ms: i64) -> Self {
-        Self(ms)
+        if ms < Self::MIN.0 {
+            Self::MIN
+        } else if ms > Self::MAX.0 {
+            Self::MAX
+        } else {
+            Self(ms)
+        }
     }
 
     /// Milliseconds since the Unix epoch.
@@ -30,11 +48,18 @@ impl Timestamp {
         self.0
     }
 
-    /// Parses an RFC 3339 string such as `2026-11-30T00:06:54.148Z`.
+    /// Parses an RFC 3339 string such as `2026-11-30T00:06:54.148Z`. An offset that
+    /// takes the instant past either end (`9999-12-31T23:00:00-05:00`) is refused.
     pub fn parse_rfc3339(s: &str) -> Result<Self, BadTimestamp> {
-        DateTime::parse_from_rfc3339(s)
-            .map(|t| Self(t.timestamp_millis()))
-            .map_err(|_| BadTimestamp(s.to_owned()))
+        let bad = || BadTimestamp(s.chars().take(64).collect());
+        let ms = DateTime::parse_from_rfc3339(s)
+            .map_err(|_| bad())?
+            .timestamp_millis();
+        if (Self::MIN.0..=Self::MAX.0).contains(&ms) {
+            Ok(Self(ms))
+        } else {
+            Err(bad())
+        }
     }
 
     /// True for Go's zero time (`0001-01-01T00:00:00Z`) and anything before the epoch,
@@ -48,17 +73,17 @@ impl Timestamp {
         Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
     }
 
-    /// Adds a duration, saturating.
+    /// Adds a duration, saturating at [`Timestamp::MAX`].
     pub fn saturating_add(self, d: Duration) -> Self {
-        Self(
+        Self::from_millis(
             self.0
                 .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         )
     }
 
-    /// Subtracts a duration, saturating.
+    /// Subtracts a duration, saturating at [`Timestamp::MIN`].
     pub fn saturating_sub(self, d: Duration) -> Self {
-        Self(
+        Self::from_millis(
             self.0
                 .saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         )
@@ -81,10 +106,9 @@ impl Sub<Duration> for Timestamp {
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match DateTime::<Utc>::from_timestamp_millis(self.0) {
-            Some(t) => f.write_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true)),
-            None => write!(f, "@{}ms", self.0),
-        }
+        let t = DateTime::<Utc>::from_timestamp_millis(self.0)
+            .expect("a timestamp within MIN..=MAX is a date");
+        f.write_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
     }
 }
 
@@ -133,7 +157,7 @@ mod tests {
         assert_eq!(t.since(Timestamp::from_millis(5_000)), Duration::ZERO);
         assert_eq!(
             Timestamp::from_millis(i64::MAX) + Duration::from_secs(1),
-            Timestamp(i64::MAX)
+            Timestamp::MAX
         );
     }
 }

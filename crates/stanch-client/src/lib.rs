@@ -150,8 +150,25 @@ struct Watcher {
     current: Arc<ArcSwapOption<RouteTable>>,
     notify: watch::Sender<u64>,
     validator: Option<Validator>,
-    /// A version the gateway refused, to report on the next request.
-    rejected: Option<(u64, String)>,
+    /// A table the gateway refused, to report on every request until one applies.
+    rejected: Option<Rejected>,
+}
+
+/// A table the gateway could not read or would not apply.
+#[derive(Debug, Clone)]
+struct Rejected {
+    version: u64,
+    epoch: String,
+    reason: String,
+}
+
+/// The two fields a table is named by, read from a table that is otherwise unreadable
+/// (a field this gateway does not understand, a time it cannot parse), so that its
+/// refusal can be reported against its version.
+#[derive(Debug, serde::Deserialize)]
+struct TableId {
+    version: u64,
+    epoch: String,
 }
 
 /// Starts following the controller. Loads the last-known-good table first, so the
@@ -260,10 +277,17 @@ impl Watcher {
         if let Some(t) = self.current.load().as_ref() {
             req = req.header(APPLIED_VERSION, t.version);
         }
-        if let Some((version, why)) = &self.rejected {
-            req = req
-                .header(REJECTED_VERSION, *version)
-                .header(REJECTED_REASON, why.replace(['\r', '\n'], " "));
+        if let Some(r) = &self.rejected {
+            let reason: String = r
+                .reason
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .take(256)
+                .collect();
+            req = req.header(REJECTED_VERSION, r.version);
+            if let Ok(value) = reqwest::header::HeaderValue::from_str(&reason) {
+                req = req.header(REJECTED_REASON, value);
+            }
         }
         if let Some(token) = &self.config.token {
             req = req.bearer_auth(token.expose_secret());
@@ -282,7 +306,11 @@ impl Watcher {
         if let Some(validate) = &self.validator {
             if let Err(why) = validate(&table) {
                 warn!(version = table.version, reason = %why, "route table refused");
-                self.rejected = Some((table.version, why));
+                self.rejected = Some(Rejected {
+                    version: table.version,
+                    epoch: table.epoch,
+                    reason: why,
+                });
                 return false;
             }
         }
@@ -299,14 +327,41 @@ impl Watcher {
         true
     }
 
+    /// Applies a table from the wire, or records why it cannot be read. `Err` only
+    /// when not even its version can be read.
+    fn receive(&mut self, bytes: &[u8]) -> Result<bool, WatchError> {
+        match serde_json::from_slice::<RouteTable>(bytes) {
+            Ok(table) => Ok(self.apply(table)),
+            Err(e) => {
+                let id: TableId =
+                    serde_json::from_slice(bytes).map_err(|_| WatchError::Table(e.to_string()))?;
+                warn!(version = id.version, epoch = %id.epoch, error = %e, "route table unreadable; refused, the gateway keeps its current table");
+                self.rejected = Some(Rejected {
+                    version: id.version,
+                    epoch: id.epoch,
+                    reason: format!("unreadable: {e}"),
+                });
+                Ok(false)
+            }
+        }
+    }
+
+    /// The long-poll URL: wait for a version after the one applied, or after the one
+    /// refused if that is newer, so a refused table is not fetched again at once.
     fn poll_url(&self, wait: Duration) -> String {
         let have = self.current.load();
-        match have.as_ref() {
-            Some(t) => format!(
-                "{}/v1/routes?after={}&epoch={}&wait={}ms",
+        let after = match (have.as_ref(), &self.rejected) {
+            (Some(t), Some(r)) if r.epoch != t.epoch || r.version > t.version => {
+                Some((r.version, r.epoch.as_str()))
+            }
+            (Some(t), _) => Some((t.version, t.epoch.as_str())),
+            (None, Some(r)) => Some((r.version, r.epoch.as_str())),
+            (None, None) => None,
+        };
+        match after {
+            Some((version, epoch)) => format!(
+                "{}/v1/routes?after={version}&epoch={epoch}&wait={}ms",
                 self.config.url,
-                t.version,
-                t.epoch,
                 wait.as_millis()
             ),
             None => format!("{}/v1/routes", self.config.url),
@@ -322,11 +377,10 @@ impl Watcher {
             .await?;
         match response.status() {
             reqwest::StatusCode::OK => {
-                let table: RouteTable = response
-                    .json()
-                    .await
-                    .map_err(|e| WatchError::Table(e.to_string()))?;
-                self.apply(table);
+                let bytes = response.bytes().await?;
+                if !self.receive(&bytes)? && self.rejected.is_some() {
+                    self.acknowledge().await;
+                }
                 Ok(())
             }
             reqwest::StatusCode::NOT_MODIFIED => Ok(()),
@@ -366,9 +420,7 @@ impl Watcher {
                 if data.is_empty() {
                     continue; // A heartbeat or a comment.
                 }
-                let table: RouteTable =
-                    serde_json::from_str(&data).map_err(|e| WatchError::Table(e.to_string()))?;
-                self.apply(table);
+                self.receive(data.as_bytes())?;
                 self.acknowledge().await;
             }
             match body.next().await {

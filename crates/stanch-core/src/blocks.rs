@@ -133,12 +133,15 @@ mod tests {
         };
         let mut distinct = std::collections::BTreeSet::new();
         for t in 0..200 {
-            let d = jittered(base, &policy, &key, 1, Timestamp(t * 7919));
+            let d = jittered(base, &policy, &key, 1, Timestamp::from_millis(t * 7919));
             assert!(
                 d >= Duration::from_secs(270) && d <= Duration::from_secs(330),
                 "{d:?}"
             );
-            assert_eq!(d, jittered(base, &policy, &key, 1, Timestamp(t * 7919)));
+            assert_eq!(
+                d,
+                jittered(base, &policy, &key, 1, Timestamp::from_millis(t * 7919))
+            );
             distinct.insert(d);
         }
         assert!(distinct.len() > 100, "jitter spreads: {}", distinct.len());

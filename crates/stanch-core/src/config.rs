@@ -17,6 +17,10 @@ use crate::mapping::{Action, Matcher};
 /// The default configuration `stanch serve` runs with when given no `--config`.
 pub const DEFAULT_CONFIG_YAML: &str = include_str!("default-config.yaml");
 
+/// The longest any ladder, blocking, alert or watch timing may be: 30 days. Longer
+/// than that is not a timing but a decision an operator makes with an override.
+pub const MAX_POLICY_DURATION: HumanDuration = HumanDuration::secs(30 * 86_400);
+
 /// The whole controller configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -514,6 +518,36 @@ impl Config {
         ] {
             if d.0.is_zero() {
                 problem(path.into(), "must be longer than 0s".into());
+            } else if d > MAX_POLICY_DURATION {
+                problem(
+                    path.into(),
+                    format!("must be at most {MAX_POLICY_DURATION}"),
+                );
+            }
+        }
+        for (path, d) in [
+            ("ladder.backoff.max", ladder.backoff.max),
+            ("ladder.backoff.reset_after", ladder.backoff.reset_after),
+            ("blocking.backoff.max", self.blocking.backoff.max),
+            (
+                "blocking.backoff.reset_after",
+                self.blocking.backoff.reset_after,
+            ),
+            ("blocking.fleet.window", self.blocking.fleet.window),
+            ("ladder.min_dwell", ladder.min_dwell),
+            ("alerts.remember_resolved", self.alerts.remember_resolved),
+        ]
+        .into_iter()
+        .chain(
+            self.alertmanager
+                .as_ref()
+                .map(|a| ("alertmanager.interval", a.interval)),
+        ) {
+            if d > MAX_POLICY_DURATION {
+                problem(
+                    path.into(),
+                    format!("must be at most {MAX_POLICY_DURATION}"),
+                );
             }
         }
         if ladder.lease.0 < Duration::from_secs(10) {

@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
+use stanch_api::admin::MAX_TTL;
 use stanch_api::alerts::{AlertSource, AlertStatus, IncomingAlert};
 use stanch_api::routes::{BlockedEndpoint, ModelRoute};
 use stanch_api::status::{BlockStatus, ForceInfo, ModelStatus, OverrideInfo};
@@ -21,6 +22,9 @@ use crate::mapping::{Condition, Mapper};
 use crate::state::{
     AlertRecord, BlockKey, BlockSource, EngineState, ModelState, Published, Tombstone,
 };
+
+/// The longest endpoint name an override may give, as in gateways' reports.
+pub const MAX_ENDPOINT_BYTES: usize = 512;
 
 /// Resolved alerts remembered at most, whatever their age.
 const MAX_TOMBSTONES: usize = 10_000;
@@ -689,9 +693,13 @@ impl Engine {
             {
                 stats.samples.pop_front();
             }
-            stats
-                .streaks
-                .insert(gateway.clone(), r.consecutive_failures);
+            // A run of failures may have begun in an earlier report, but it can only
+            // have grown by the failures this one carries: a report claiming more
+            // (five in a row out of one failure) is held to what it can show.
+            let before = stats.streaks.get(&gateway).copied().unwrap_or(0);
+            let grown = u32::try_from(r.failures).unwrap_or(u32::MAX);
+            let streak = r.consecutive_failures.min(before.saturating_add(grown));
+            stats.streaks.insert(gateway.clone(), streak);
             touched.push(key);
         }
         for key in touched {
@@ -709,7 +717,10 @@ impl Engine {
             let (ok, failed) = stats
                 .samples
                 .iter()
-                .fold((0u64, 0u64), |(s, f), (_, a, b)| (s + a, f + b));
+                .fold((0u64, 0u64), |(s, f), (_, a, b)| {
+                    (s.saturating_add(*a), f.saturating_add(*b))
+                });
+            let total = ok.saturating_add(failed);
             let streak = stats.streaks.values().copied().max().unwrap_or(0);
             let trigger =
                 if policy.consecutive_failures > 0 && streak >= policy.consecutive_failures {
@@ -717,13 +728,12 @@ impl Engine {
                 } else if policy.window_failures > 0 && failed >= policy.window_failures {
                     format!("{failed} failures across gateways within {}", policy.window)
                 } else if policy.failure_rate > 0.0
-                    && ok + failed >= policy.min_requests
-                    && failed as f64 / (ok + failed) as f64 >= policy.failure_rate
+                    && total >= policy.min_requests
+                    && failed as f64 / total as f64 >= policy.failure_rate
                 {
                     format!(
-                        "failure rate {:.0} % across gateways ({failed} of {})",
-                        100.0 * failed as f64 / (ok + failed) as f64,
-                        ok + failed
+                        "failure rate {:.0} % across gateways ({failed} of {total})",
+                        100.0 * failed as f64 / total as f64,
                     )
                 } else {
                     continue;
@@ -848,7 +858,15 @@ impl Engine {
             route.lease_until = lease_until;
         }
         self.state.published = published;
-        self.state.version += 1;
+        self.state.version = match self.state.version.checked_add(1) {
+            Some(next) => next,
+            None => {
+                // Versions are exhausted: a new epoch tells every gateway that the
+                // numbers start again, rather than reusing them for new content.
+                self.state.epoch = format!("{}+", self.state.epoch);
+                1
+            }
+        };
         self.state.generated_at = now;
         out.push(Decision::Published {
             version: self.state.version,
@@ -1104,12 +1122,17 @@ pub fn check_command(config: &Config, command: &Command) -> Result<(), String> {
     let non_empty = |what: &str, v: &str| {
         if v.trim().is_empty() {
             Err(format!("{what}: must not be empty"))
+        } else if v.len() > MAX_ENDPOINT_BYTES {
+            Err(format!("{what}: at most {MAX_ENDPOINT_BYTES} bytes"))
         } else {
             Ok(())
         }
     };
     let positive = |ttl: &Option<HumanDuration>| match ttl {
         Some(d) if d.0.is_zero() => Err("ttl: must be longer than 0s".to_owned()),
+        Some(d) if *d > MAX_TTL => Err(format!(
+            "ttl: at most {MAX_TTL} (leave ttl out for an override that lasts until lifted)"
+        )),
         _ => Ok(()),
     };
     match command {

@@ -588,7 +588,14 @@ mod tests {
         p: &BlockingPolicy,
         now: Instant,
     ) -> Option<NewBlock> {
-        e.record(outcome, now, Duration::ZERO, p, now, Timestamp(0))
+        e.record(
+            outcome,
+            now,
+            Duration::ZERO,
+            p,
+            now,
+            Timestamp::from_millis(0),
+        )
     }
 
     /// Records `outcome`, known at `done`, `took` after it was sent.
@@ -599,7 +606,14 @@ mod tests {
         took: Duration,
         done: Instant,
     ) -> Option<NewBlock> {
-        e.record(outcome, done - took, took, p, done, Timestamp(0))
+        e.record(
+            outcome,
+            done - took,
+            took,
+            p,
+            done,
+            Timestamp::from_millis(0),
+        )
     }
 
     fn policy() -> BlockingPolicy {

@@ -1329,26 +1329,26 @@ mod tests {
         let block = |endpoint: &str, model: Option<&str>, until: i64| BlockedEndpoint {
             endpoint: endpoint.to_owned(),
             model: model.map(str::to_owned),
-            until: Timestamp(until),
+            until: Timestamp::from_millis(until),
             reason: "test".into(),
         };
         let table = |blocked: Vec<BlockedEndpoint>| RouteTable {
             version: 1,
             epoch: "e".into(),
             hash: String::new(),
-            generated_at: Timestamp(0),
+            generated_at: Timestamp::from_millis(0),
             models: Default::default(),
             blocked,
         };
-        let now = Timestamp(1_000);
+        let now = Timestamp::from_millis(1_000);
         let blocked = |b: BlockedEndpoint| table_block(&table(vec![b]), &e, now);
         assert_eq!(
             blocked(block("http://10.0.0.7:8000", None, 2_000)),
-            Some(Timestamp(2_000))
+            Some(Timestamp::from_millis(2_000))
         );
         assert_eq!(
             blocked(block("10.0.0.7:8000", Some("qwen-72b"), 3_000)),
-            Some(Timestamp(3_000))
+            Some(Timestamp::from_millis(3_000))
         );
         assert_eq!(
             blocked(block("0.0.7:8000", None, 2_000)),

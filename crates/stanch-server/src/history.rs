@@ -211,10 +211,11 @@ mod tests {
         let h = History::open(dir.path(), 3, 1 << 20).unwrap();
         for i in 0..5 {
             let model = if i % 2 == 0 { "a" } else { "b" };
-            h.record(Timestamp(i), &[transition(model)], false).unwrap();
+            h.record(Timestamp::from_millis(i), &[transition(model)], false)
+                .unwrap();
         }
         h.record(
-            Timestamp(9),
+            Timestamp::from_millis(9),
             &[Decision::Published {
                 version: 7,
                 lease_renewal: true,
@@ -234,7 +235,7 @@ mod tests {
         let again = History::open(dir.path(), 3, 1 << 20).unwrap();
         assert_eq!(again.list(10, None, None).last().unwrap().seq, 5);
         again
-            .record(Timestamp(10), &[transition("a")], false)
+            .record(Timestamp::from_millis(10), &[transition("a")], false)
             .unwrap();
         assert_eq!(
             again.list(1, None, None)[0].seq,
@@ -247,7 +248,8 @@ mod tests {
     fn damaged_lines_cost_only_their_entries() {
         let dir = tempfile::tempdir().unwrap();
         let h = History::open(dir.path(), 10, 1 << 20).unwrap();
-        h.record(Timestamp(1), &[transition("a")], false).unwrap();
+        h.record(Timestamp::from_millis(1), &[transition("a")], false)
+            .unwrap();
         drop(h);
         let path = dir.path().join("history.jsonl");
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
@@ -256,7 +258,8 @@ mod tests {
         f.write_all(b"\xff\xfe\n").unwrap();
         drop(f);
         let h = History::open(dir.path(), 10, 1 << 20).unwrap();
-        h.record(Timestamp(3), &[transition("b")], false).unwrap();
+        h.record(Timestamp::from_millis(3), &[transition("b")], false)
+            .unwrap();
         let seqs: Vec<u64> = h.list(10, None, None).iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![1, 2]);
     }
@@ -266,7 +269,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let h = History::open(dir.path(), 100, 600).unwrap();
         for i in 0..10 {
-            h.record(Timestamp(i), &[transition("a")], false).unwrap();
+            h.record(Timestamp::from_millis(i), &[transition("a")], false)
+                .unwrap();
         }
         assert!(dir.path().join("history.jsonl.1").exists());
         assert!(

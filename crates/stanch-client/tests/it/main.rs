@@ -193,3 +193,103 @@ async fn refuses_what_the_gateway_cannot_apply_and_says_why() {
     );
     task.abort();
 }
+
+/// A table this gateway cannot read (here a time past year 9999, as controllers
+/// before the bound published) is refused and reported against its version, and the
+/// long-poll waits for a newer one instead of fetching the same table again and again.
+async fn reports_an_unreadable_table(transport: Transport) {
+    use std::sync::Mutex;
+
+    use axum::extract::{RawQuery, State};
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+
+    #[derive(Default)]
+    struct Seen {
+        requests: usize,
+        rejected: Vec<(String, String)>,
+    }
+    type Shared = Arc<Mutex<Seen>>;
+    const TABLE: &str = r#"{"version":7,"epoch":"e1","hash":"h","generated_at":"2026-11-30T00:00:00.000Z",
+        "models":{},"blocked":[{"endpoint":"http://a1:8000","model":null,
+        "until":"+13434-11-12T00:00:00.000Z","reason":"forever"}]}"#;
+    fn note(seen: &Shared, headers: &HeaderMap) {
+        let mut seen = seen.lock().unwrap();
+        seen.requests += 1;
+        if let Some(v) = headers.get("x-stanch-rejected-version") {
+            let reason = headers
+                .get("x-stanch-rejected-reason")
+                .map(|r| r.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            seen.rejected.push((v.to_str().unwrap().to_owned(), reason));
+        }
+    }
+    async fn routes(
+        State(seen): State<Shared>,
+        headers: HeaderMap,
+        RawQuery(q): RawQuery,
+    ) -> axum::response::Response {
+        note(&seen, &headers);
+        let q = q.unwrap_or_default();
+        if q.contains("after=7") && q.contains("epoch=e1") && !q.contains("wait=0ms") {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return StatusCode::NOT_MODIFIED.into_response();
+        }
+        if q.contains("after=7") {
+            return StatusCode::NOT_MODIFIED.into_response();
+        }
+        TABLE.replace('\n', "").into_response()
+    }
+    async fn stream(State(seen): State<Shared>, headers: HeaderMap) -> axum::response::Response {
+        note(&seen, &headers);
+        let event = format!("id: 7\ndata: {}\n\n", TABLE.replace('\n', ""));
+        let body = futures_util::stream::once(async move { Ok::<_, std::io::Error>(event) })
+            .chain(futures_util::stream::pending());
+        (
+            [("content-type", "text/event-stream")],
+            axum::body::Body::from_stream(body),
+        )
+            .into_response()
+    }
+    use futures_util::StreamExt;
+    let seen: Shared = Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/routes", get(routes))
+        .route("/v1/routes/stream", get(stream))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut config = WatchConfig::new(&url, "gw-old");
+    config.transport = transport;
+    config.long_poll_wait = Duration::from_millis(500);
+    let (routes, task) = stanch_client::start(config, None);
+    eventually("the refusal is reported", || async {
+        seen.lock()
+            .unwrap()
+            .rejected
+            .iter()
+            .any(|(v, why)| v == "7" && why.contains("unreadable"))
+    })
+    .await;
+    let before = seen.lock().unwrap().requests;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = seen.lock().unwrap().requests - before;
+    assert!(
+        during <= 6,
+        "{during} requests in 1.5 s: the refused table is fetched in a loop"
+    );
+    assert!(routes.current().is_none(), "nothing unreadable is applied");
+    task.abort();
+}
+
+#[tokio::test]
+async fn an_unreadable_table_is_reported_over_long_poll() {
+    reports_an_unreadable_table(Transport::LongPoll).await;
+}
+
+#[tokio::test]
+async fn an_unreadable_table_is_reported_over_sse() {
+    reports_an_unreadable_table(Transport::Sse).await;
+}

@@ -306,3 +306,43 @@ proptest! {
         });
     }
 }
+
+/// Versions are never reused: when they run out, the next table starts a new epoch
+/// (which tells gateways that numbers are not comparable) instead of wrapping to 0.
+#[test]
+fn exhausted_versions_start_a_new_epoch() {
+    let mut state = Engine::fresh_state("p".into(), T0);
+    state.version = u64::MAX - 1;
+    let mut engine = Engine::new(config(), state, T0);
+    engine.step(Input::Tick, T0);
+    assert_eq!(engine.state().version, u64::MAX);
+    let epoch = engine.state().epoch.clone();
+    let force = Command::Force {
+        model: "qwen-72b".into(),
+        rung: Rung::Static,
+        ttl: None,
+        reason: "drill".into(),
+    };
+    engine.step(Input::Command { command: force }, T0);
+    assert_eq!(engine.state().version, 1);
+    assert_ne!(engine.state().epoch, epoch);
+    assert_eq!(engine.route_table().epoch, engine.state().epoch);
+}
+
+/// However long a TTL the engine is given, the times it publishes stay writable.
+#[test]
+fn an_absurd_ttl_still_publishes_readable_times() {
+    let mut engine = fresh();
+    let block = Command::Block {
+        endpoint: "http://a1:8000".into(),
+        model: None,
+        ttl: Some(HumanDuration(Duration::MAX)),
+        reason: "drill".into(),
+    };
+    engine.step(Input::Command { command: block }, T0);
+    let table = engine.route_table();
+    assert_eq!(table.blocked[0].until, Timestamp::MAX);
+    let text = serde_json::to_string(&table).unwrap();
+    let back: stanch_api::RouteTable = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, table);
+}

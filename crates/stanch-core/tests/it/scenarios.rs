@@ -13,7 +13,25 @@ fn check(name: &str) {
 }
 
 macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => { $( #[test] fn $name() { check(stringify!($name)); } )* };
+    ($($name:ident),* $(,)?) => {
+        $( #[test] fn $name() { check(stringify!($name)); } )*
+        const LISTED: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+#[test]
+fn every_scenario_file_is_listed() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "scenario") {
+            let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+            assert!(
+                LISTED.contains(&name.as_str()),
+                "{name}.scenario is not in scenarios!()"
+            );
+        }
+    }
 }
 
 scenarios!(
@@ -31,4 +49,5 @@ scenarios!(
     reconciliation,
     unmapped_alerts,
     fleet_reports,
+    fleet_streaks_are_held_to_their_failures,
 );

@@ -21,13 +21,7 @@ fn parse<T: DeserializeOwned>(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let raw = body(state, raw)?;
-    serde_json::from_slice(&raw).map_err(|e| {
-        let text = e.to_string();
-        ApiError::invalid(format!(
-            "body: {}",
-            text.split(" at line ").next().unwrap_or(&text)
-        ))
-    })
+    stanch_api::from_json(&raw).map_err(ApiError::invalid)
 }
 
 /// An override request: its reason, and the engine command it asks for.

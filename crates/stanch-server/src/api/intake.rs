@@ -107,13 +107,8 @@ pub(super) async fn reports(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<stanch_api::reports::ReportResponse>, ApiError> {
     let raw = body(&state, raw)?;
-    let batch: stanch_api::reports::ReportBatch = serde_json::from_slice(&raw).map_err(|e| {
-        let text = e.to_string();
-        ApiError::invalid(format!(
-            "body: {}",
-            text.split(" at line ").next().unwrap_or(&text)
-        ))
-    })?;
+    let batch: stanch_api::reports::ReportBatch =
+        stanch_api::from_json(&raw).map_err(ApiError::invalid)?;
     batch.validate().map_err(ApiError::invalid)?;
     let accepted = batch.endpoints.len();
     let applied = state

@@ -1,6 +1,7 @@
 //! Integration tests of the controller over real HTTP on loopback.
 
 mod admin;
+mod bounds;
 mod faults;
 mod intake;
 mod metrics;

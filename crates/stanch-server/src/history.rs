@@ -123,20 +123,78 @@ impl History {
         }
     }
 
-    /// The newest `limit` entries after `after`, optionally of one model, oldest first.
-    pub fn list(&self, limit: usize, model: Option<&str>, after: Option<u64>) -> Vec<HistoryEntry> {
+    /// A page of entries, oldest first, optionally of one model:
+    /// - with `after`, the oldest `limit` entries whose seq is above it (a cursor:
+    ///   pass the last seq of a page to get the next one, or to tail);
+    /// - with `before` alone, the newest `limit` entries whose seq is below it (to
+    ///   page back from the newest);
+    /// - with neither, the newest `limit` entries.
+    pub fn list(&self, page: Page<'_>) -> Vec<HistoryEntry> {
         let inner = self.inner.lock().expect("history lock");
-        let mut out: Vec<HistoryEntry> = inner
-            .ring
-            .iter()
-            .rev()
-            .filter(|e| after.is_none_or(|a| e.seq > a))
-            .filter(|e| model.is_none_or(|m| e.model.as_deref() == Some(m)))
-            .take(limit)
-            .cloned()
-            .collect();
-        out.reverse();
-        out
+        let keep = |e: &&HistoryEntry| {
+            page.after.is_none_or(|a| e.seq > a)
+                && page.before.is_none_or(|b| e.seq < b)
+                && page.model.is_none_or(|m| e.model.as_deref() == Some(m))
+        };
+        if page.after.is_some() {
+            // Seqs in the ring are consecutive, so the first one above the cursor is
+            // found by position, not by a scan.
+            let start = inner.ring.front().map_or(0, |first| {
+                let after = page.after.unwrap_or(0);
+                usize::try_from(after.saturating_add(1).saturating_sub(first.seq))
+                    .unwrap_or(usize::MAX)
+            });
+            inner
+                .ring
+                .range(start.min(inner.ring.len())..)
+                .filter(keep)
+                .take(page.limit)
+                .cloned()
+                .collect()
+        } else {
+            let mut out: Vec<HistoryEntry> = inner
+                .ring
+                .iter()
+                .rev()
+                .filter(keep)
+                .take(page.limit)
+                .cloned()
+                .collect();
+            out.reverse();
+            out
+        }
+    }
+
+    /// The oldest and newest seq kept (`None` while empty): a client whose cursor is
+    /// below the oldest minus one has missed entries that were dropped.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        let inner = self.inner.lock().expect("history lock");
+        Some((inner.ring.front()?.seq, inner.ring.back()?.seq))
+    }
+}
+
+/// Which entries [`History::list`] answers.
+#[derive(Debug, Clone, Copy)]
+pub struct Page<'a> {
+    /// Entries at most.
+    pub limit: usize,
+    /// Only this model's entries.
+    pub model: Option<&'a str>,
+    /// Only entries whose seq is above this; the page starts right after it.
+    pub after: Option<u64>,
+    /// Only entries whose seq is below this.
+    pub before: Option<u64>,
+}
+
+impl Page<'_> {
+    /// The newest `limit` entries of every model.
+    pub fn newest(limit: usize) -> Page<'static> {
+        Page {
+            limit,
+            model: None,
+            after: None,
+            before: None,
+        }
     }
 }
 
@@ -223,22 +281,30 @@ mod tests {
             false,
         )
         .unwrap();
-        let all = h.list(10, None, None);
+        let all = h.list(Page::newest(10));
         assert_eq!(
             all.iter().map(|e| e.seq).collect::<Vec<_>>(),
             vec![3, 4, 5],
             "bounded, renewals left out"
         );
-        assert_eq!(h.list(10, Some("a"), None).len(), 2);
-        assert_eq!(h.list(10, None, Some(4)).len(), 1);
+        let of_a = Page {
+            model: Some("a"),
+            ..Page::newest(10)
+        };
+        assert_eq!(h.list(of_a).len(), 2);
+        let after_4 = Page {
+            after: Some(4),
+            ..Page::newest(10)
+        };
+        assert_eq!(h.list(after_4).len(), 1);
         drop(h);
         let again = History::open(dir.path(), 3, 1 << 20).unwrap();
-        assert_eq!(again.list(10, None, None).last().unwrap().seq, 5);
+        assert_eq!(again.list(Page::newest(10)).last().unwrap().seq, 5);
         again
             .record(Timestamp::from_millis(10), &[transition("a")], false)
             .unwrap();
         assert_eq!(
-            again.list(1, None, None)[0].seq,
+            again.list(Page::newest(1))[0].seq,
             6,
             "sequence continues after a restart"
         );
@@ -260,8 +326,57 @@ mod tests {
         let h = History::open(dir.path(), 10, 1 << 20).unwrap();
         h.record(Timestamp::from_millis(3), &[transition("b")], false)
             .unwrap();
-        let seqs: Vec<u64> = h.list(10, None, None).iter().map(|e| e.seq).collect();
+        let seqs: Vec<u64> = h.list(Page::newest(10)).iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![1, 2]);
+    }
+
+    fn seqs(entries: &[HistoryEntry]) -> Vec<u64> {
+        entries.iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn after_is_a_cursor_and_before_pages_back() {
+        let h = History::in_memory(10_000);
+        for i in 0..10_000 {
+            let model = if i % 3 == 0 { "a" } else { "b" };
+            h.record(Timestamp::from_millis(i), &[transition(model)], false)
+                .unwrap();
+        }
+        let page = |after, before, limit| Page {
+            limit,
+            model: None,
+            after,
+            before,
+        };
+        assert_eq!(seqs(&h.list(page(Some(20), None, 3))), vec![21, 22, 23]);
+        assert_eq!(seqs(&h.list(page(None, Some(20), 3))), vec![17, 18, 19]);
+        assert_eq!(seqs(&h.list(page(Some(5), Some(8), 10))), vec![6, 7]);
+        assert_eq!(seqs(&h.list(page(None, None, 2))), vec![9_999, 10_000]);
+        // Paging forward from the start reads every entry exactly once.
+        let mut cursor = 0;
+        let mut read = Vec::new();
+        loop {
+            let got = h.list(page(Some(cursor), None, 1000));
+            let Some(last) = got.last() else { break };
+            cursor = last.seq;
+            read.extend(seqs(&got));
+        }
+        assert_eq!(read, (1..=10_000).collect::<Vec<_>>());
+        // And backward, with a model filter.
+        let mut cursor = u64::MAX;
+        let mut back = Vec::new();
+        loop {
+            let p = Page {
+                model: Some("a"),
+                ..page(None, Some(cursor), 700)
+            };
+            let got = h.list(p);
+            let Some(first) = got.first() else { break };
+            cursor = first.seq;
+            back.splice(0..0, seqs(&got));
+        }
+        assert_eq!(back, (1..=10_000).step_by(3).collect::<Vec<u64>>());
+        assert_eq!(h.span(), Some((1, 10_000)));
     }
 
     #[test]

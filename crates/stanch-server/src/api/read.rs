@@ -6,10 +6,11 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use stanch_api::status::{HistoryEntry, StatusReport, StoreStatus};
+use stanch_api::status::{StatusReport, StoreStatus};
 
 use super::AppState;
 use crate::error::ApiError;
+use crate::history::Page;
 use crate::metrics::KindLabel;
 
 /// `GET /v1/status`
@@ -49,19 +50,39 @@ pub(super) struct HistoryQuery {
     limit: Option<usize>,
     /// Only this model's entries.
     model: Option<String>,
-    /// Only entries after this sequence number.
+    /// Entries after this sequence number, oldest first: a cursor.
     after: Option<u64>,
+    /// Entries before this sequence number (the newest of them).
+    before: Option<u64>,
 }
 
 /// `GET /v1/history`
 pub(super) async fn history(
     State(state): State<AppState>,
     query: Result<Query<HistoryQuery>, QueryRejection>,
-) -> Result<Json<Vec<HistoryEntry>>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    Ok(Json(state.history.list(limit, q.model.as_deref(), q.after)))
+    let page = Page {
+        limit,
+        model: q.model.as_deref(),
+        after: q.after,
+        before: q.before,
+    };
+    let entries = state.history.list(page);
+    let mut response = Json(entries).into_response();
+    if let Some((oldest, newest)) = state.history.span() {
+        let headers = response.headers_mut();
+        headers.insert(HISTORY_OLDEST, HeaderValue::from(oldest));
+        headers.insert(HISTORY_NEWEST, HeaderValue::from(newest));
+    }
+    Ok(response)
 }
+
+/// The oldest seq kept: a cursor below it minus one has missed dropped entries.
+const HISTORY_OLDEST: &str = "x-stanch-history-oldest";
+/// The newest seq.
+const HISTORY_NEWEST: &str = "x-stanch-history-newest";
 
 /// `GET /metrics`
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {

@@ -3,6 +3,7 @@
 mod admin;
 mod bounds;
 mod faults;
+mod history;
 mod intake;
 mod metrics;
 mod openapi;

@@ -272,13 +272,8 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    stanch_log::init(match format {
+        LogFormat::Text => stanch_log::Format::Text,
+        LogFormat::Json => stanch_log::Format::Json,
+    });
 }

@@ -18,6 +18,17 @@ struct Server {
 
 impl Server {
     fn start(data: &Path, extra: &[&str], scheme: &str) -> Server {
+        Server::start_logging(data, extra, scheme, "warn", Stdio::null())
+    }
+
+    /// Starts with `RUST_LOG=filter`, standard error to `log`.
+    fn start_logging(
+        data: &Path,
+        extra: &[&str],
+        scheme: &str,
+        filter: &str,
+        log: impl Into<Stdio>,
+    ) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -35,9 +46,9 @@ impl Server {
             .env("STANCH_ADMIN_TOKEN", "adm")
             .env("STANCH_INGEST_TOKEN", "ing")
             .env("STANCH_READ_TOKEN", "rd")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", filter)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let server = Server {
@@ -125,6 +136,49 @@ fn kill_9_mid_incident_resumes_the_same_state() {
     assert_eq!(after["models"], before["models"]);
     assert_eq!(after["models"]["qwen-72b"]["rung"], "failover");
     assert_eq!(after["models"]["qwen-14b"]["rung"], "static");
+}
+
+/// Alert labels and an operator's reason carrying a newline, NUL and a terminal escape
+/// reach the text log as escaped text on the line of their event: nothing from
+/// outside can write a line of its own.
+#[test]
+fn values_from_outside_cannot_forge_log_lines() {
+    let data = tempfile::tempdir().unwrap();
+    let log_path = data.path().join("stanch.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let server = Server::start_logging(&data.path().join("data"), &[], "http", "info", log);
+    let forged = "x\n2026-11-30T00:00:00.000000Z ERROR stanch: FAKE INJECTED LINE\u{0}\u{1b}[31m";
+    let body = serde_json::json!({"version": "4", "status": "firing", "receiver": "stanch",
+        "alerts": [{"status": "firing", "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+            "labels": {"alertname": forged, "action": "trigger-failover", "target_model": "qwen-72b"}},
+            {"status": "bogus", "labels": {"alertname": forged}}]});
+    let r = client()
+        .post(format!("{}/v1/alerts/alertmanager", server.base))
+        .bearer_auth("ing")
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = client()
+        .post(format!("{}/v1/admin/freeze", server.base))
+        .bearer_auth("adm")
+        .json(&serde_json::json!({"model": "qwen-72b", "reason": forged}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(server);
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        text.contains("FAKE INJECTED LINE"),
+        "the value was logged:\n{text}"
+    );
+    for line in text.lines() {
+        assert!(
+            line.starts_with("20") && line.as_bytes().get(4) == Some(&b'-'),
+            "every line is an event's own line: {line:?}\n{text}"
+        );
+        assert!(!line.contains('\0') && !line.contains('\u{1b}'), "{line:?}");
+    }
 }
 
 #[test]

@@ -21,9 +21,9 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "STANCH_GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Log format: text or json.
-    #[arg(long, default_value = "text")]
-    log_format: String,
+    /// Log format: text or json (JSON lines, for log shippers).
+    #[arg(long, env = "STANCH_GATEWAY_LOG_FORMAT", default_value = "text")]
+    log_format: stanch_log::Format,
     /// Validate the configuration and exit (64 with every problem, 0 when valid).
     #[arg(long)]
     check: bool,
@@ -35,16 +35,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if args.log_format == "json" {
-        logs.json().flatten_event(true).init();
-    } else {
-        logs.init();
-    }
+    stanch_log::init(args.log_format);
     let config = match std::fs::read_to_string(&args.config)
         .map_err(|e| e.to_string())
         .and_then(|t| GatewayConfig::from_yaml(&t).map_err(|e| e.to_string()))

@@ -44,12 +44,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    stanch_log::init(stanch_log::Format::Text);
     let args = Args::parse();
     let mut config = MockConfig::new(
         &args.model,

@@ -11,13 +11,13 @@ const FIXTURE: &str = concat!(
     "/crates/stanch-server/tests/fixtures/alertmanager-v4-firing-failover.json"
 );
 
-struct Server {
-    child: Child,
-    base: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) base: String,
 }
 
 impl Server {
-    fn start(data: &Path, extra: &[&str], scheme: &str) -> Server {
+    pub(crate) fn start(data: &Path, extra: &[&str], scheme: &str) -> Server {
         Server::start_logging(data, extra, scheme, "warn", Stdio::null())
     }
 
@@ -69,7 +69,7 @@ impl Server {
         panic!("stanch did not become ready");
     }
 
-    fn routes(&self) -> Value {
+    pub(crate) fn routes(&self) -> Value {
         client()
             .get(format!("{}/v1/routes", self.base))
             .bearer_auth("rd")
@@ -96,7 +96,7 @@ impl Drop for Server {
     }
 }
 
-fn client() -> reqwest::blocking::Client {
+pub(crate) fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .no_proxy()
         .danger_accept_invalid_certs(true)

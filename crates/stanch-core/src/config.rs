@@ -354,12 +354,24 @@ pub struct AuthConfig {
 pub struct IntakeConfig {
     /// Request bodies above this are refused with 413.
     pub max_body_bytes: usize,
+    /// A request's body must arrive within this of its headers, extended by a second
+    /// for every `body_min_rate` bytes received; past it the sender gets 408 and the
+    /// connection is closed, so a stalled sender holds neither a connection nor memory.
+    pub body_timeout: HumanDuration,
+    /// Bytes a second that extend `body_timeout` by a second each; 0 extends nothing.
+    pub body_min_rate: u64,
+    /// The bytes that request bodies still arriving may hold together; past it a
+    /// request gets 503 (Alertmanager retries).
+    pub max_partial_body_bytes: usize,
 }
 
 impl Default for IntakeConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: 1024 * 1024,
+            body_timeout: HumanDuration::secs(10),
+            body_min_rate: 64 * 1024,
+            max_partial_body_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -515,6 +527,7 @@ impl Config {
             ("watch.max_wait", self.watch.max_wait),
             ("watch.heartbeat", self.watch.heartbeat),
             ("watch.slow_client_timeout", self.watch.slow_client_timeout),
+            ("intake.body_timeout", self.intake.body_timeout),
         ] {
             if d.0.is_zero() {
                 problem(path.into(), "must be longer than 0s".into());

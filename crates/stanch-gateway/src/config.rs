@@ -40,6 +40,15 @@ pub struct GatewayConfig {
     /// Request bodies above this are refused with 413.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// Bytes a second that extend `timeouts.body` by a second each: a large prompt
+    /// sent at a fair rate is read, a trickle is cut off. 0 extends nothing.
+    #[serde(default = "default_body_min_rate")]
+    pub body_min_rate: u64,
+    /// The bytes that request bodies still arriving may hold together; a body that
+    /// would pass it gets 503 with `Retry-After`. Bodies that arrive whole at once
+    /// (most) do not count.
+    #[serde(default = "default_max_partial_bodies")]
+    pub max_partial_body_bytes: usize,
     /// A whole (non-streamed) upstream answer above this is a failed attempt: the
     /// gateway holds a whole answer in memory before passing it on.
     #[serde(default = "default_max_response")]
@@ -62,6 +71,14 @@ pub struct TlsTrust {
 
 fn default_max_body() -> usize {
     4 * 1024 * 1024
+}
+
+fn default_body_min_rate() -> u64 {
+    64 * 1024
+}
+
+fn default_max_partial_bodies() -> usize {
+    64 * 1024 * 1024
 }
 
 fn default_max_response() -> usize {
@@ -202,6 +219,10 @@ pub struct Timeouts {
     /// request on a connection the gateway is closing. nginx's `keepalive_timeout`
     /// default, 75 s.
     pub caller_idle: HumanDuration,
+    /// A request's body must arrive within this of its headers, extended by a second
+    /// for every `body_min_rate` bytes received (Apache's `mod_reqtimeout`), or the
+    /// caller gets 408 and the connection is closed.
+    pub body: HumanDuration,
 }
 
 impl Default for Timeouts {
@@ -214,6 +235,7 @@ impl Default for Timeouts {
             total: HumanDuration::secs(300),
             idle_connection: HumanDuration::secs(4),
             caller_idle: HumanDuration::secs(75),
+            body: HumanDuration::secs(10),
         }
     }
 }
@@ -546,6 +568,7 @@ impl GatewayConfig {
         for (path, bytes) in [
             ("max_body_bytes", self.max_body_bytes),
             ("max_response_bytes", self.max_response_bytes),
+            ("max_partial_body_bytes", self.max_partial_body_bytes),
         ] {
             if bytes == 0 {
                 problem(path.into(), "must be at least 1".into());
@@ -556,6 +579,7 @@ impl GatewayConfig {
         }
         for (path, d) in [
             ("timeouts.connect", self.timeouts.connect),
+            ("timeouts.body", self.timeouts.body),
             ("timeouts.first_byte", self.timeouts.first_byte),
             ("timeouts.first_token", self.timeouts.first_token),
             ("timeouts.stream_idle", self.timeouts.stream_idle),

@@ -77,6 +77,10 @@ pub struct Gateway {
     pub(crate) model_histograms:
         std::collections::HashMap<String, (WorkerHistogram, WorkerHistogram)>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// How a caller's request body must arrive.
+    pub(crate) body_limits: stanch_net::body::BodyLimits,
+    /// The bytes of request bodies still arriving, held together.
+    pub(crate) body_budget: stanch_net::body::BodyBudget,
     /// The worker threads' connection counts, when it serves on workers.
     workers: std::sync::OnceLock<stanch_net::Load>,
 }
@@ -256,6 +260,12 @@ impl Gateway {
             connector,
             model_histograms,
             clock,
+            body_limits: stanch_net::body::BodyLimits {
+                max_bytes: config.max_body_bytes,
+                timeout: config.timeouts.body.0,
+                min_rate: config.body_min_rate,
+            },
+            body_budget: stanch_net::body::BodyBudget::new(config.max_partial_body_bytes),
             config,
             workers: std::sync::OnceLock::new(),
         })

@@ -26,6 +26,7 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use stanch_api::headers::{DEGRADED, RATE_LIMITED, ROUTE_VERSION};
 use stanch_api::{RouteTable, Rung, Timestamp};
+use stanch_net::body::{BodyError, BodyLimits, read_whole};
 use stanch_net::timer::timeout_at;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
@@ -136,6 +137,10 @@ struct Rejected {
     /// OpenAI's error code, and the `kind` of `stanch_gateway_rejected_requests_total`.
     code: &'static str,
     message: String,
+    /// Seconds for `Retry-After`, when trying again later can help.
+    retry_after: Option<u32>,
+    /// The request was not read to its end: the connection cannot carry another.
+    close: bool,
 }
 
 impl Rejected {
@@ -144,6 +149,22 @@ impl Rejected {
             status,
             code,
             message: message.into(),
+            retry_after: None,
+            close: false,
+        }
+    }
+
+    fn retry_after(self, seconds: u32) -> Rejected {
+        Rejected {
+            retry_after: Some(seconds),
+            ..self
+        }
+    }
+
+    fn closing(self) -> Rejected {
+        Rejected {
+            close: true,
+            ..self
         }
     }
 }
@@ -190,6 +211,16 @@ fn reject(gw: &Gateway, r: Rejected) -> Response {
         response
             .headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    }
+    if let Some(seconds) = r.retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if r.close {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     // Answered before routing, but still say which table was in force.
     with_route_version(gw, &mut response);
@@ -238,17 +269,33 @@ async fn route(
     body: Incoming,
     tenant: Result<Option<usize>, Rejected>,
 ) -> Result<Response, Rejected> {
-    let limit = gw.config.max_body_bytes;
-    let raw = match read_whole(body, limit).await {
+    let raw = match read_whole(body, &gw.body_limits, Some(&gw.body_budget)).await {
         Ok(raw) => raw,
-        Err(Unread::TooLarge) => {
+        Err(BodyError::TooLarge(limit)) => {
             return Err(Rejected::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 format!("request bodies are limited to {limit} bytes"),
             ));
         }
-        Err(Unread::Broken(_)) => {
+        Err(BodyError::TimedOut(_)) => {
+            return Err(Rejected::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the request body did not arrive in time",
+            )
+            .closing());
+        }
+        Err(BodyError::Busy) => {
+            return Err(Rejected::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many request bodies are arriving at once; retry",
+            )
+            .retry_after(1)
+            .closing());
+        }
+        Err(BodyError::Broken(_)) => {
             return Err(Rejected::new(
                 StatusCode::BAD_REQUEST,
                 "body_unreadable",
@@ -666,8 +713,13 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !ctx.stream || !is_stream {
         let limit = gw.config.max_response_bytes;
-        return match timeout_at(deadline, read_whole(response.into_body(), limit)).await {
-            Ok(Ok(answer)) => {
+        let within = BodyLimits {
+            max_bytes: limit,
+            timeout: deadline.saturating_duration_since(Instant::now()),
+            min_rate: 0,
+        };
+        return match read_whole(response.into_body(), &within, None).await {
+            Ok(answer) => {
                 record(ctx.gw, endpoint, &Outcome::Success, sent);
                 drop(in_flight);
                 let mut r = Response::new(Body::from(answer));
@@ -677,71 +729,24 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
                 );
                 Attempt::Answer(r)
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 let outcome = match e {
-                    Unread::TooLarge => {
+                    BodyError::TooLarge(_) => {
                         warn!(endpoint = %endpoint.url, limit, "an answer larger than max_response_bytes");
                         Outcome::TooLarge
                     }
-                    Unread::Broken(e) => {
+                    BodyError::Broken(e) => {
                         debug!(endpoint = %endpoint.url, error = %e, "the answer broke off");
                         Outcome::Truncated
                     }
+                    BodyError::TimedOut(_) | BodyError::Busy => Outcome::Stalled,
                 };
                 record(ctx.gw, endpoint, &outcome, sent);
                 Attempt::Failed(outcome)
             }
-            Err(_) => {
-                record(ctx.gw, endpoint, &Outcome::Stalled, sent);
-                Attempt::Failed(Outcome::Stalled)
-            }
         };
     }
     stream(ctx, endpoint, response.into_body(), sent, in_flight).await
-}
-
-/// Why a whole body could not be read.
-#[derive(Debug)]
-enum Unread<E> {
-    /// It is, or says it will be, longer than the limit.
-    TooLarge,
-    /// The connection failed or the body ended before its declared length.
-    Broken(E),
-}
-
-/// Reads a whole body of at most `limit` bytes. A body that arrives as one frame, as a
-/// small one does, is passed on as it came: no buffer list, no copy.
-async fn read_whole<B>(mut body: B, limit: usize) -> Result<Bytes, Unread<B::Error>>
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-{
-    if body.size_hint().lower() > limit as u64 {
-        return Err(Unread::TooLarge);
-    }
-    // The first frame as it came; a second starts a copy of them all.
-    let mut first: Option<Bytes> = None;
-    let mut joined = BytesMut::new();
-    let mut len = 0;
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.map_err(Unread::Broken)?.into_data() else {
-            // Trailers: nothing a caller or the gateway uses.
-            continue;
-        };
-        len += data.len();
-        if len > limit {
-            return Err(Unread::TooLarge);
-        }
-        if len == data.len() {
-            first = Some(data);
-            continue;
-        }
-        if let Some(first) = first.take() {
-            joined.reserve(len);
-            joined.extend_from_slice(&first);
-        }
-        joined.extend_from_slice(&data);
-    }
-    Ok(first.unwrap_or_else(|| joined.freeze()))
 }
 
 /// The start of an error body, at most `ERROR_BODY_LIMIT` bytes, whatever arrives
@@ -1212,10 +1217,8 @@ mod tests {
     use stanch_api::{BlockedEndpoint, RouteTable, Timestamp};
 
     use bytes::Bytes;
-    use http_body_util::StreamBody;
-    use hyper::body::Frame;
 
-    use super::{End, Relay, Unread, read_whole, table_block, version_value};
+    use super::{End, Relay, table_block, version_value};
     use crate::endpoints::Endpoint;
 
     #[test]
@@ -1225,52 +1228,6 @@ mod tests {
         assert_eq!(version_value(8), "8", "a new version");
         assert_eq!(version_value(7), "7", "and back");
         assert_eq!(version_value(u64::MAX), u64::MAX.to_string().as_str());
-    }
-
-    /// A body of these frames (`None`: a trailers frame), then `end`.
-    fn body(
-        frames: Vec<Option<&'static str>>,
-        end: Option<&'static str>,
-    ) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, &'static str>> + Unpin>
-    {
-        let items = frames
-            .into_iter()
-            .map(|f| {
-                Ok(match f {
-                    Some(data) => Frame::data(Bytes::from_static(data.as_bytes())),
-                    None => Frame::trailers(Default::default()),
-                })
-            })
-            .chain(end.map(Err));
-        StreamBody::new(futures_util::stream::iter(items))
-    }
-
-    #[tokio::test]
-    async fn a_whole_body_is_read_within_its_limit() {
-        // One frame passes as it came, without a copy.
-        let one = Bytes::from_static(b"{\"model\":\"m\"}");
-        let frame = StreamBody::new(futures_util::stream::iter([Ok::<_, &str>(Frame::data(
-            one.clone(),
-        ))]));
-        let read = read_whole(frame, 64).await.unwrap();
-        assert_eq!(read.as_ptr(), one.as_ptr(), "not copied");
-
-        // Several are joined; trailers are skipped.
-        let read = read_whole(body(vec![Some("ab"), None, Some("cd"), Some("e")], None), 5)
-            .await
-            .unwrap();
-        assert_eq!(read, "abcde");
-        assert_eq!(read_whole(body(vec![], None), 5).await.unwrap(), "");
-
-        // One byte over, in whichever frame, is too large.
-        let over = read_whole(body(vec![Some("abc"), Some("def")], None), 5).await;
-        assert!(matches!(over, Err(Unread::TooLarge)), "{over:?}");
-        let over = read_whole(body(vec![Some("abcdef")], None), 5).await;
-        assert!(matches!(over, Err(Unread::TooLarge)), "{over:?}");
-
-        // A body that breaks off is an error, whatever came before.
-        let broken = read_whole(body(vec![Some("ab")], Some("reset")), 5).await;
-        assert!(matches!(broken, Err(Unread::Broken("reset"))), "{broken:?}");
     }
 
     #[test]

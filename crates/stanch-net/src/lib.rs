@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+pub mod body;
 pub mod timer;
 
 use hyper_util::rt::TokioIo;

@@ -24,6 +24,12 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
+    /// The body did not arrive by its deadline.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
+    /// Too many bodies are arriving at once (their memory budget is spent); retry.
+    #[error("too many request bodies are arriving at once; retry")]
+    Busy,
     /// Nothing there.
     #[error("not found: {0}")]
     NotFound(String),
@@ -47,6 +53,8 @@ impl ApiError {
             ApiError::Invalid { kind, .. } => kind,
             ApiError::Unauthorized => "unauthorized",
             ApiError::TooLarge { .. } => "too_large",
+            ApiError::BodyTimeout => "body_timeout",
+            ApiError::Busy => "busy",
             ApiError::NotFound(_) => "not_found",
             ApiError::Unavailable(_) => "unavailable",
         }
@@ -59,6 +67,8 @@ impl IntoResponse for ApiError {
             ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
@@ -66,6 +76,8 @@ impl IntoResponse for ApiError {
             ApiError::Invalid { detail, .. } => detail.clone(),
             ApiError::Unauthorized => "a valid bearer token is required".to_owned(),
             ApiError::TooLarge { limit } => format!("request body is larger than {limit} bytes"),
+            ApiError::BodyTimeout => format!("{self}; send it faster or in full"),
+            ApiError::Busy => self.to_string(),
             ApiError::NotFound(what) => what.clone(),
             ApiError::Unavailable(why) => why.clone(),
         };
@@ -74,10 +86,24 @@ impl IntoResponse for ApiError {
             detail,
         };
         let mut response = (status, axum::Json(body)).into_response();
-        if matches!(self, ApiError::Unauthorized) {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        let headers = response.headers_mut();
+        match self {
+            ApiError::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            // The rest of the body was never read: the connection cannot carry another
+            // request.
+            ApiError::BodyTimeout | ApiError::TooLarge { .. } => {
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            ApiError::Busy => {
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::Unavailable(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
         }
         response
     }

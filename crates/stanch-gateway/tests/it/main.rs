@@ -6,5 +6,6 @@ mod failures;
 mod fleet;
 mod process;
 mod routing;
+mod slow;
 mod support;
 mod wire;

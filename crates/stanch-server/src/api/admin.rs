@@ -2,9 +2,7 @@
 //! Each needs a `reason`, goes through the engine, and lands in the audit history.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use serde::de::DeserializeOwned;
 use stanch_api::admin::{
     AdminResponse, BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest,
@@ -13,15 +11,11 @@ use stanch_api::admin::{
 use stanch_core::engine::check_command;
 use stanch_core::{Command, Decision, Input};
 
-use super::{AppState, body};
+use super::{AppState, Body};
 use crate::error::ApiError;
 
-fn parse<T: DeserializeOwned>(
-    state: &AppState,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let raw = body(state, raw)?;
-    stanch_api::from_json(&raw).map_err(ApiError::invalid)
+fn parse<T: DeserializeOwned>(raw: &[u8]) -> Result<T, ApiError> {
+    stanch_api::from_json(raw).map_err(ApiError::invalid)
 }
 
 /// An override request: its reason, and the engine command it asks for.
@@ -97,18 +91,18 @@ async fn run(
 /// `POST /v1/admin/{force,release,freeze,thaw,block,unblock-all,dry-run}`.
 pub(super) async fn apply<R: Override>(
     State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
+    Body(raw): Body,
 ) -> Result<Json<AdminResponse>, ApiError> {
-    let request: R = parse(&s, raw)?;
+    let request: R = parse(&raw)?;
     Ok(run(&s, request).await?.1)
 }
 
 /// `POST /v1/admin/unblock`: 404 when there is no such block, listing the blocks there are.
 pub(super) async fn unblock(
     State(s): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
+    Body(raw): Body,
 ) -> Result<Json<AdminResponse>, ApiError> {
-    let request: UnblockRequest = parse(&s, raw)?;
+    let request: UnblockRequest = parse(&raw)?;
     let which = format!(
         "{} ({})",
         request.endpoint,

@@ -5,23 +5,20 @@
 //! retries 5xx). Never 429: a rate limit here would drop the alert that matters.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use stanch_api::alerts::{self, IntakeResponse, ParsedBatch, PayloadError};
 use stanch_core::Input;
 use tracing::warn;
 
-use super::{AppState, body};
+use super::{AppState, Body};
 use crate::error::ApiError;
 use crate::metrics::{RejectLabels, SourceLabel};
 
 /// `POST /v1/alerts/alertmanager`
 pub(super) async fn alertmanager(
     State(state): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
+    Body(raw): Body,
 ) -> Result<Json<IntakeResponse>, ApiError> {
-    let raw = body(&state, raw)?;
     let batch =
         alerts::parse_alertmanager_webhook(&raw).map_err(|e| refused(&state, "alertmanager", e))?;
     if batch.truncated_alerts > 0 {
@@ -39,9 +36,8 @@ pub(super) async fn alertmanager(
 /// `POST /api/v2/alerts`
 pub(super) async fn prometheus(
     State(state): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
+    Body(raw): Body,
 ) -> Result<Json<IntakeResponse>, ApiError> {
-    let raw = body(&state, raw)?;
     let now = state.clock.now();
     let batch =
         alerts::parse_prometheus_push(&raw, now).map_err(|e| refused(&state, "prometheus", e))?;
@@ -104,9 +100,8 @@ async fn ingest(
 /// `POST /v1/reports`: a gateway's per-endpoint outcome counts.
 pub(super) async fn reports(
     State(state): State<AppState>,
-    raw: Result<Bytes, BytesRejection>,
+    Body(raw): Body,
 ) -> Result<Json<stanch_api::reports::ReportResponse>, ApiError> {
-    let raw = body(&state, raw)?;
     let batch: stanch_api::reports::ReportBatch =
         stanch_api::from_json(&raw).map_err(ApiError::invalid)?;
     batch.validate().map_err(ApiError::invalid)?;

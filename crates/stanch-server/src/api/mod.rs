@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -32,6 +31,7 @@ use crate::error::ApiError;
 use crate::gateways::Gateways;
 use crate::history::History;
 use crate::metrics::{KindLabel, Metrics};
+use crate::net::body::{BodyBudget, BodyError, BodyLimits, read_whole};
 use crate::publish::Publisher;
 
 /// What every handler shares.
@@ -58,6 +58,8 @@ pub struct Shared {
     pub reconcile: Option<Arc<Notify>>,
     /// Connected watchers (long-poll and SSE).
     watchers: AtomicUsize,
+    /// The bytes of request bodies still arriving.
+    bodies: BodyBudget,
 }
 
 impl Shared {
@@ -85,10 +87,11 @@ impl Shared {
             metrics,
             tokens,
             clock,
-            config,
             store,
-            reconcile,
             watchers: AtomicUsize::new(0),
+            bodies: BodyBudget::new(config.intake.max_partial_body_bytes),
+            config,
+            reconcile,
         }
     }
 }
@@ -121,7 +124,6 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 /// Builds the router.
 pub fn router(state: AppState) -> Router {
-    let limit = state.config.intake.max_body_bytes;
     let ingest = Router::new()
         .route("/v1/alerts/alertmanager", post(intake::alertmanager))
         .route("/api/v2/alerts", post(intake::prometheus))
@@ -165,7 +167,6 @@ pub fn router(state: AppState) -> Router {
         .merge(read)
         .merge(open)
         .fallback(|| async { ApiError::NotFound("no such route; see docs/api.md".into()) })
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -178,17 +179,30 @@ async fn require(
     Ok(next.run(request).await)
 }
 
-/// Maps a body that could not be read to 413 (too large) or 400.
-fn body(state: &Shared, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge {
-                limit: state.config.intake.max_body_bytes,
-            }
-        } else {
-            ApiError::invalid(format!("body: {}", rejection.body_text()))
+/// A request body read whole within `intake.*`: its size, its deadline and the
+/// budget of bodies still arriving (see `stanch_net::body`).
+pub(crate) struct Body(pub Bytes);
+
+impl axum::extract::FromRequest<AppState> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Body, ApiError> {
+        let intake = &state.config.intake;
+        let limits = BodyLimits {
+            max_bytes: intake.max_body_bytes,
+            timeout: intake.body_timeout.0,
+            min_rate: intake.body_min_rate,
+        };
+        match read_whole(request.into_body(), &limits, Some(&state.bodies)).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(BodyError::TooLarge(limit)) => Err(ApiError::TooLarge { limit }),
+            Err(BodyError::TimedOut(_)) => Err(ApiError::BodyTimeout),
+            Err(BodyError::Busy) => Err(ApiError::Busy),
+            Err(BodyError::Broken(_)) => Err(ApiError::invalid(
+                "body: the connection broke or the body ended before its declared length",
+            )),
         }
-    })
+    }
 }
 
 impl From<EngineUnavailable> for ApiError {

@@ -9,5 +9,6 @@ mod metrics;
 mod openapi;
 mod reconcile;
 mod restart;
+mod slow;
 mod support;
 mod watch;

@@ -1,0 +1,385 @@
+//! Reading a request body whole, within a size, a deadline and a memory budget.
+//!
+//! A body that stalls must not hold a connection, or its bytes, for minutes. The
+//! deadline works as Apache's `mod_reqtimeout` (`body=10,MinRate=65536`): a body has
+//! [`BodyLimits::timeout`] to arrive, and each [`BodyLimits::min_rate`] bytes received
+//! extend that by a second, so a large body sent at a fair rate is read while a trickle
+//! is cut off. The bytes of bodies still arriving (held across a wait for more) count
+//! against one [`BodyBudget`] per server; a body that would take it past its size is
+//! refused as "busy", so a thousand slow clients cannot fill the memory. A body that
+//! comes whole with its first read (most do) is never counted and costs no shared
+//! write.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use crate::timer::timeout_at;
+
+/// How a body must arrive.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// The most bytes a body may have.
+    pub max_bytes: usize,
+    /// The time a body has to arrive, before any extension for bytes received.
+    pub timeout: Duration,
+    /// Each this many bytes received extend the deadline by a second; 0 extends
+    /// nothing.
+    pub min_rate: u64,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        BodyLimits {
+            max_bytes: 1024 * 1024,
+            timeout: Duration::from_secs(10),
+            min_rate: 64 * 1024,
+        }
+    }
+}
+
+impl BodyLimits {
+    /// The deadline for a body that started at `start` and has `received` bytes.
+    fn deadline(&self, start: Instant, received: usize) -> Instant {
+        let extension = match self.min_rate {
+            0 => Duration::ZERO,
+            rate => Duration::from_secs(received as u64 / rate),
+        };
+        start + self.timeout + extension
+    }
+}
+
+/// The bytes that bodies still arriving may hold together, shared by a server's
+/// connections. Clones share it.
+#[derive(Debug, Clone)]
+pub struct BodyBudget(Arc<Budget>);
+
+#[derive(Debug)]
+struct Budget {
+    capacity: usize,
+    held: AtomicUsize,
+}
+
+impl BodyBudget {
+    /// A budget of `capacity` bytes.
+    pub fn new(capacity: usize) -> BodyBudget {
+        BodyBudget(Arc::new(Budget {
+            capacity,
+            held: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The bytes held now, for metrics and tests.
+    pub fn held(&self) -> usize {
+        self.0.held.load(Ordering::Relaxed)
+    }
+
+    /// Takes `n` more bytes, or refuses if that would pass the capacity.
+    fn take(&self, n: usize) -> bool {
+        self.0
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&t| t <= self.0.capacity)
+            })
+            .is_ok()
+    }
+}
+
+/// Bytes taken from a budget, given back when dropped.
+struct Held<'a> {
+    budget: &'a BodyBudget,
+    bytes: usize,
+}
+
+impl Held<'_> {
+    /// Holds `total` bytes in all, taking the difference.
+    fn grow_to(&mut self, total: usize) -> bool {
+        if total <= self.bytes {
+            return true;
+        }
+        if !self.budget.take(total - self.bytes) {
+            return false;
+        }
+        self.bytes = total;
+        true
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.budget.0.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Why a body was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError<E> {
+    /// Larger than [`BodyLimits::max_bytes`] (413).
+    #[error("the body is larger than {0} bytes")]
+    TooLarge(usize),
+    /// Not whole by its deadline (408).
+    #[error("the body did not arrive in time ({0:?} at the least)")]
+    TimedOut(Duration),
+    /// The server's budget for bodies still arriving is spent (503, retry).
+    #[error("too many request bodies are arriving at once")]
+    Busy,
+    /// The connection broke, or the body ended before its declared length (400).
+    #[error("the body could not be read")]
+    Broken(#[source] E),
+}
+
+/// Reads `body` whole within `limits`, its bytes counted against `budget` (if any)
+/// while it waits for more. A body that arrives as one frame, as a small one does, is
+/// passed on as it came: no buffer list, no copy.
+pub async fn read_whole<B>(
+    mut body: B,
+    limits: &BodyLimits,
+    budget: Option<&BodyBudget>,
+) -> Result<Bytes, BodyError<B::Error>>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
+    if body.size_hint().lower() > limits.max_bytes as u64 {
+        return Err(BodyError::TooLarge(limits.max_bytes));
+    }
+    let start = Instant::now();
+    let mut held = budget.map(|budget| Held { budget, bytes: 0 });
+    // The first frame as it came; a second starts a copy of them all.
+    let mut first: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
+    let mut len = 0;
+    loop {
+        if let Some(held) = held.as_mut().filter(|_| len > 0 && !body.is_end_stream()) {
+            if !held.grow_to(len) {
+                return Err(BodyError::Busy);
+            }
+        }
+        let deadline = limits.deadline(start, len);
+        let frame = match timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => frame.map_err(BodyError::Broken)?,
+            Ok(None) => break,
+            Err(_) => return Err(BodyError::TimedOut(limits.timeout)),
+        };
+        let Ok(data) = frame.into_data() else {
+            // Trailers: nothing a caller or the server uses.
+            continue;
+        };
+        len += data.len();
+        if len > limits.max_bytes {
+            return Err(BodyError::TooLarge(limits.max_bytes));
+        }
+        if len == data.len() {
+            first = Some(data);
+            continue;
+        }
+        if let Some(first) = first.take() {
+            joined.reserve(len);
+            joined.extend_from_slice(&first);
+        }
+        joined.extend_from_slice(&data);
+    }
+    Ok(first.unwrap_or_else(|| joined.freeze()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body_util::{Full, StreamBody};
+    use hyper::body::Frame;
+
+    use super::*;
+
+    type Chunks =
+        StreamBody<futures_util::stream::BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
+
+    /// A body of `chunks`, each after `gap`, then silence if `stall`.
+    fn trickle(chunks: Vec<&'static [u8]>, gap: Duration, stall: bool) -> Chunks {
+        use futures_util::StreamExt;
+        let frames = futures_util::stream::iter(chunks).then(move |c| async move {
+            tokio::time::sleep(gap).await;
+            Ok(Frame::data(Bytes::from_static(c)))
+        });
+        let tail = if stall {
+            futures_util::stream::pending().boxed()
+        } else {
+            futures_util::stream::empty().boxed()
+        };
+        StreamBody::new(frames.chain(tail).boxed())
+    }
+
+    fn limits() -> BodyLimits {
+        BodyLimits {
+            max_bytes: 1024,
+            timeout: Duration::from_secs(10),
+            min_rate: 100,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_whole_body_is_read_and_costs_the_budget_nothing() {
+        let budget = BodyBudget::new(0);
+        let body = Full::new(Bytes::from_static(b"{\"model\":\"m\"}"));
+        let read = read_whole(body, &limits(), Some(&budget)).await.unwrap();
+        assert_eq!(&read[..], b"{\"model\":\"m\"}");
+        let split = trickle(vec![b"ab", b"cd"], Duration::from_millis(5), false);
+        assert!(
+            matches!(
+                read_whole(split, &limits(), Some(&budget)).await,
+                Err(BodyError::Busy)
+            ),
+            "a body held across a wait needs room in the budget"
+        );
+    }
+
+    /// A body of these frames (`None`: a trailers frame), then the error `end`.
+    fn frames(
+        frames: Vec<Option<&'static str>>,
+        end: Option<&'static str>,
+    ) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, &'static str>> + Unpin>
+    {
+        let items = frames
+            .into_iter()
+            .map(|f| {
+                Ok(match f {
+                    Some(data) => Frame::data(Bytes::from_static(data.as_bytes())),
+                    None => Frame::trailers(Default::default()),
+                })
+            })
+            .chain(end.map(Err));
+        StreamBody::new(futures_util::stream::iter(items))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn frames_are_joined_without_a_copy_of_one() {
+        let small = |max_bytes| BodyLimits {
+            max_bytes,
+            ..limits()
+        };
+        // One frame passes as it came.
+        let one = Bytes::from_static(b"{\"model\":\"m\"}");
+        let frame = StreamBody::new(futures_util::stream::iter([Ok::<_, &str>(Frame::data(
+            one.clone(),
+        ))]));
+        let read = read_whole(frame, &small(64), None).await.unwrap();
+        assert_eq!(read.as_ptr(), one.as_ptr(), "not copied");
+        // Several are joined; trailers are skipped.
+        let read = read_whole(
+            frames(vec![Some("ab"), None, Some("cd"), Some("e")], None),
+            &small(5),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(read, "abcde");
+        assert_eq!(
+            read_whole(frames(vec![], None), &small(5), None)
+                .await
+                .unwrap(),
+            ""
+        );
+        // One byte over, in whichever frame, is too large.
+        let over = read_whole(
+            frames(vec![Some("abc"), Some("def")], None),
+            &small(5),
+            None,
+        )
+        .await;
+        assert!(matches!(over, Err(BodyError::TooLarge(5))), "{over:?}");
+        // A body that breaks off is an error, whatever came before.
+        let broken = read_whole(frames(vec![Some("ab")], Some("reset")), &small(5), None).await;
+        assert!(
+            matches!(broken, Err(BodyError::Broken("reset"))),
+            "{broken:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_body_times_out_and_gives_its_bytes_back() {
+        let budget = BodyBudget::new(1 << 20);
+        let started = Instant::now();
+        let body = trickle(vec![b"{\"a\":"], Duration::from_millis(1), true);
+        let err = read_whole(body, &limits(), Some(&budget))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BodyError::TimedOut(_)), "{err}");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(10) + Duration::from_millis(0)
+        );
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_received_extend_the_deadline_at_the_minimum_rate() {
+        let budget = BodyBudget::new(1 << 20);
+        // 100 bytes a second is the minimum: 11 chunks of 100 bytes 1 s apart keep
+        // the deadline ahead (10 s, plus a second per 100 bytes).
+        let chunk: &'static [u8] = &[b'x'; 100];
+        let steady = trickle(vec![chunk; 10], Duration::from_secs(1), false);
+        let read = read_whole(steady, &limits(), Some(&budget)).await.unwrap();
+        assert_eq!(read.len(), 1000);
+        // Ten bytes every two seconds falls behind and is cut off.
+        let slow: &'static [u8] = b"0123456789";
+        let trickling = trickle(vec![slow; 100], Duration::from_secs(2), false);
+        let started = Instant::now();
+        let err = read_whole(trickling, &limits(), Some(&budget))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BodyError::TimedOut(_)), "{err}");
+        assert!(
+            started.elapsed() <= Duration::from_secs(11),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn too_large_is_refused_by_declared_or_received_length() {
+        let budget = BodyBudget::new(1 << 20);
+        let body = Full::new(Bytes::from(vec![0u8; 2048]));
+        assert!(matches!(
+            read_whole(body, &limits(), Some(&budget)).await,
+            Err(BodyError::TooLarge(1024))
+        ));
+        let chunk: &'static [u8] = &[b'x'; 600];
+        let body = trickle(vec![chunk, chunk], Duration::from_millis(1), false);
+        assert!(matches!(
+            read_whole(body, &limits(), Some(&budget)).await,
+            Err(BodyError::TooLarge(1024))
+        ));
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn partial_bodies_together_stay_within_the_budget() {
+        let budget = BodyBudget::new(250);
+        let chunk: &'static [u8] = &[b'x'; 100];
+        let mut readers = Vec::new();
+        for _ in 0..5 {
+            let body = trickle(vec![chunk], Duration::from_millis(1), true);
+            let budget = budget.clone();
+            readers.push(tokio::spawn(async move {
+                read_whole(body, &limits(), Some(&budget))
+                    .await
+                    .map(|b| b.len())
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(budget.held(), 200, "two fit, three are refused");
+        let mut busy = 0;
+        for r in readers {
+            if let Err(BodyError::Busy) = r.await.unwrap() {
+                busy += 1;
+            }
+        }
+        assert_eq!(busy, 3);
+        assert_eq!(budget.held(), 0, "every reader gave its bytes back");
+    }
+}

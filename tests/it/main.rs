@@ -1,6 +1,7 @@
 //! Tests of the `stanch` binary as an operator runs it.
 
 mod cli;
+mod drill;
 mod e2e;
 mod process;
 mod rules;

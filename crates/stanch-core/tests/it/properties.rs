@@ -346,3 +346,40 @@ fn an_absurd_ttl_still_publishes_readable_times() {
     let back: stanch_api::RouteTable = serde_json::from_str(&text).unwrap();
     assert_eq!(back, table);
 }
+
+proptest! {
+    /// A wall clock that steps back or forward (an NTP step, a VM resumed) never takes
+    /// a version back, never publishes a time that cannot be written, and never makes
+    /// a model skip rungs on the way down: de-escalation stays one rung per step.
+    #[test]
+    fn a_stepped_clock_never_takes_versions_back(
+        ops in proptest::collection::vec((-7200i64..7200, op()), 1..60),
+    ) {
+        let mut engine = fresh();
+        let mut now = T0;
+        let mut version = engine.state().version;
+        for (dt, op) in &ops {
+            now = Timestamp::from_millis(now.as_millis() + dt * 1000);
+            for input in [input(op), Input::Tick] {
+                let step = engine.step(input, now);
+                prop_assert!(engine.state().version >= version, "version went back");
+                version = engine.state().version;
+                for d in &step.decisions {
+                    if let Decision::Transition { model, from, to, rule: Rule::Deescalate { unviable, .. }, .. } = d {
+                        // One viable rung down, passing over only the unviable ones.
+                        prop_assert_eq!(
+                            from.index() - to.index(),
+                            1 + unviable.len(),
+                            "{} skipped a rung down",
+                            model
+                        );
+                    }
+                }
+                let table = engine.route_table();
+                let text = serde_json::to_string(&table).unwrap();
+                let back: stanch_api::RouteTable = serde_json::from_str(&text).unwrap();
+                prop_assert_eq!(back, table);
+            }
+        }
+    }
+}

@@ -347,15 +347,22 @@ mod tests {
         assert!(loaded.corruption.is_none());
     }
 
-    #[test]
-    fn torn_last_line_is_dropped_and_truncated() {
+    /// A store with record 1 in its journal, then `tail` written after it as a crash or
+    /// a damaged disk would leave it; the store is returned to append more.
+    fn journal_then(tail: &[u8]) -> (tempfile::TempDir, FileStore, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = FileStore::open(dir.path(), "t").unwrap();
         store.load().unwrap();
         store.append(&[record(1)]).unwrap();
         let path = dir.path().join(JOURNAL);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(br#"{"seq":2,"at":"2026-"#).unwrap();
+        f.write_all(tail).unwrap();
+        (dir, store, path)
+    }
+
+    #[test]
+    fn torn_last_line_is_dropped_and_truncated() {
+        let (dir, _, path) = journal_then(br#"{"seq":2,"at":"2026-"#);
         let loaded = FileStore::open(dir.path(), "t").unwrap().load().unwrap();
         assert_eq!(loaded.journal, vec![record(1)]);
         assert!(loaded.corruption.is_none());
@@ -365,19 +372,9 @@ mod tests {
 
     #[test]
     fn a_torn_line_ending_inside_a_utf8_character_is_dropped() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = FileStore::open(dir.path(), "t").unwrap();
-        store.load().unwrap();
-        store.append(&[record(1)]).unwrap();
-        let path = dir.path().join(JOURNAL);
         let full = "{\"seq\":2,\"alertname\":\"集群故障\"}";
         let cut = &full.as_bytes()[..full.find('群').unwrap() + 1]; // Half of 群.
-        OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap()
-            .write_all(cut)
-            .unwrap();
+        let (dir, _, _) = journal_then(cut);
         let loaded = FileStore::open(dir.path(), "t").unwrap().load().unwrap();
         assert_eq!(loaded.journal, vec![record(1)]);
         assert!(loaded.corruption.is_none());
@@ -397,13 +394,7 @@ mod tests {
 
     #[test]
     fn corrupt_journal_line_in_the_middle_starts_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = FileStore::open(dir.path(), "t").unwrap();
-        store.load().unwrap();
-        store.append(&[record(1)]).unwrap();
-        let path = dir.path().join(JOURNAL);
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"garbage \xff\xfe\n").unwrap();
+        let (dir, mut store, _) = journal_then(b"garbage \xff\xfe\n");
         store.append(&[record(3)]).unwrap();
         let mut again = FileStore::open(dir.path(), "t2").unwrap();
         let loaded = again.load().unwrap();

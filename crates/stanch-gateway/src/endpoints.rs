@@ -1,8 +1,14 @@
 //! Upstream endpoints: load, latency, health and passive blocks, and how one is chosen.
 //!
-//! State is per (endpoint, model). Choosing is power-of-two-choices on
-//! `EWMA latency × (1 + in-flight / capacity)`, divided by the effective weight (the
-//! configured weight, ramped up over the slow-start window after a block). Blocked
+//! State is per (endpoint, model). Choosing is power of two choices on a cost, as
+//! linkerd's and Finagle's peak-EWMA balancers do: a latency estimate per unit of work
+//! × (requests in flight + 1), over the capacity, the weight and the slow-start ramp
+//! after a block. The estimate rises at once to a slower sample and comes down over
+//! [`DECAY`], and while an endpoint gets no samples it decays toward zero, so an
+//! endpoint that lost every comparison (after one slow answer, say) drifts back into
+//! use instead of starving. Like is compared with like: a streamed request is chosen by
+//! time to first token, a whole one by time per output token (per input token for
+//! embeddings), so one long completion does not make its endpoint look slow. Blocked
 //! means lowest priority, not gone: when every candidate is blocked, the one most
 //! likely to be alive is used.
 
@@ -21,12 +27,68 @@ use crate::outcome::Outcome;
 use crate::upstream::{self, Connector, Pool};
 use crate::window::Window;
 
-/// EWMA smoothing factor.
-const ALPHA: f64 = 0.3;
-/// An idle endpoint's latency estimate halves every this long, so it is tried again.
-const DECAY_HALF_LIFE: Duration = Duration::from_secs(10);
+/// The time constant of a cost estimate: a peak fades, and an idle endpoint's cost
+/// falls toward zero, by a factor e over this long. Finagle and linkerd use 10 s; a
+/// shorter one brings an endpoint back sooner after a single slow answer.
+pub const DECAY: Duration = Duration::from_secs(5);
 /// The latency a failure counts as, so a failing endpoint is not preferred.
 const FAILURE_PENALTY_MS: f64 = 1000.0;
+
+/// What a latency sample measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// A whole answer of this many units: output tokens, input tokens for embeddings,
+    /// 1 when the answer does not say.
+    Whole(u32),
+    /// A stream's time to its first token.
+    FirstToken,
+}
+
+/// Which estimate a request is chosen by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A whole answer: time per unit of work.
+    Whole = 0,
+    /// A stream: time to first token.
+    Stream = 1,
+}
+
+/// A peak-EWMA estimate in milliseconds: it jumps to a sample above it, blends a lower
+/// one in by how long it has been since the last, and decays toward zero meanwhile.
+#[derive(Debug, Clone, Copy)]
+struct PeakEwma {
+    ms: f64,
+    at: Instant,
+}
+
+impl PeakEwma {
+    /// The estimate at `now`, decayed since its last sample.
+    fn at(self, now: Instant) -> f64 {
+        self.ms * self.weight(now)
+    }
+
+    /// How much of the estimate is left after the time since its last sample.
+    fn weight(self, now: Instant) -> f64 {
+        let idle = now.saturating_duration_since(self.at).as_secs_f64();
+        (-idle / DECAY.as_secs_f64()).exp()
+    }
+
+    fn observe(estimate: Option<PeakEwma>, sample: f64, now: Instant) -> PeakEwma {
+        let ms = match estimate {
+            None => sample,
+            Some(e) => {
+                let current = e.at(now);
+                if sample >= current {
+                    sample
+                } else {
+                    let w = e.weight(now);
+                    current * w + sample * (1.0 - w)
+                }
+            }
+        };
+        PeakEwma { ms, at: now }
+    }
+}
 
 /// One endpoint serving one model.
 #[derive(Debug)]
@@ -68,8 +130,8 @@ pub(crate) struct HotCounters {
 
 #[derive(Debug, Default)]
 struct Health {
-    /// Latency estimate and when it was last updated; `None` until the first sample.
-    ewma_ms: Option<(f64, Instant)>,
+    /// Cost estimates per [`Kind`]; `None` until the first sample of that kind.
+    cost: [Option<PeakEwma>; 2],
     /// The current run of failures, if one is going on.
     run: Option<Run>,
     /// The longest run of failures since the last outcome report: a block resets the
@@ -128,8 +190,10 @@ pub struct EndpointStatus {
     pub successes: u64,
     /// Totals.
     pub failures: u64,
-    /// Latency EWMA.
-    pub ewma_ms: Option<f64>,
+    /// The estimate whole answers are chosen by: milliseconds per unit of work.
+    pub ms_per_token: Option<f64>,
+    /// The estimate streams are chosen by: milliseconds to the first token.
+    pub first_token_ms: Option<f64>,
     /// Requests in flight.
     pub in_flight: u32,
     /// When it last answered well.
@@ -271,18 +335,25 @@ impl Endpoint {
             // until one of them comes back well, so a fault costs its in-flight requests
             // plus one at a time, not a burst.
             suspect_busy: in_flight > 0 && h.run.is_some(),
-            ewma_ms: h.ewma_ms,
+            cost: h.cost,
             block_ended: h.block_ended,
             in_flight,
         }
     }
 
-    /// The cost of sending here, lower is better: EWMA latency × (1 + in-flight /
-    /// capacity), over the weight, and over the slow-start ramp after a block.
-    fn score(&self, look: &Look, now: Instant, slow_start: Duration) -> f64 {
-        // Unmeasured endpoints are tried first; idle ones become attractive again.
-        let latency = decayed(look.ewma_ms, now).unwrap_or(0.0);
-        let load = 1.0 + f64::from(look.in_flight) / f64::from(self.capacity.max(1));
+    /// The cost of sending here, lower is better: the estimate for `kind` × (requests
+    /// in flight plus one) / capacity, over the weight and the slow-start ramp after a
+    /// block. An unmeasured endpoint is taken to cost what `peer` (its rival) does.
+    fn score(
+        &self,
+        look: &Look,
+        kind: Kind,
+        peer: Option<f64>,
+        now: Instant,
+        slow_start: Duration,
+    ) -> f64 {
+        let latency = look.estimate(kind, now).or(peer).unwrap_or(1.0);
+        let load = f64::from(look.in_flight + 1) / f64::from(self.capacity.max(1));
         let ramp = match look.block_ended {
             Some(ended) if !slow_start.is_zero() => {
                 (now.duration_since(ended).as_secs_f64() / slow_start.as_secs_f64()).clamp(0.1, 1.0)
@@ -305,19 +376,28 @@ impl Endpoint {
     /// Records the outcome, known at `now`, of an attempt sent at `sent`, with the
     /// latency it is judged by (a stream's time to first token); returns the block it
     /// triggered, if any.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one outcome with everything it says"
+    )]
     pub fn record(
         &self,
         outcome: &Outcome,
         sent: Instant,
         latency: Duration,
+        work: Work,
         policy: &BlockingPolicy,
         now: Instant,
         wall: Timestamp,
     ) -> Option<NewBlock> {
+        let ms = latency.as_secs_f64() * 1e3;
         if !outcome.is_endpoint_failure() {
             let mut h = self.health.lock().expect("endpoint lock");
             if matches!(outcome, Outcome::Success) {
-                h.sample(latency.as_secs_f64() * 1e3, now);
+                match work {
+                    Work::Whole(units) => h.observe(Kind::Whole, ms / f64::from(units.max(1)), now),
+                    Work::FirstToken => h.observe(Kind::Stream, ms, now),
+                }
                 if h.run.is_some_and(|run| sent >= run.began) {
                     h.run = None;
                 }
@@ -328,7 +408,11 @@ impl Endpoint {
             return None;
         }
         let mut h = self.health.lock().expect("endpoint lock");
-        h.sample((latency.as_secs_f64() * 1e3).max(FAILURE_PENALTY_MS), now);
+        // A failure is a peak in both estimates: the endpoint is avoided for a while,
+        // whichever kind of request failed.
+        for kind in [Kind::Whole, Kind::Stream] {
+            h.observe(kind, ms.max(FAILURE_PENALTY_MS), now);
+        }
         let run = h.run.get_or_insert(Run {
             began: now,
             failures: 0,
@@ -421,7 +505,8 @@ impl Endpoint {
             consecutive_failures: h.consecutive(),
             successes: h.successes,
             failures: h.failures,
-            ewma_ms: h.latency(now),
+            ms_per_token: h.cost[Kind::Whole as usize].map(|c| c.at(now)),
+            first_token_ms: h.cost[Kind::Stream as usize].map(|c| c.at(now)),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             last_success: h.last_success,
             last_failure: h.last_failure,
@@ -435,36 +520,25 @@ impl Health {
         self.run.map_or(0, |run| run.failures)
     }
 
-    /// The latency estimate at `now`, decayed while idle.
-    fn latency(&self, now: Instant) -> Option<f64> {
-        decayed(self.ewma_ms, now)
+    fn observe(&mut self, kind: Kind, ms: f64, now: Instant) {
+        let slot = &mut self.cost[kind as usize];
+        *slot = Some(PeakEwma::observe(*slot, ms, now));
     }
-
-    fn sample(&mut self, ms: f64, now: Instant) {
-        let next = match self.latency(now) {
-            Some(e) => ALPHA * ms + (1.0 - ALPHA) * e,
-            None => ms,
-        };
-        self.ewma_ms = Some((next, now));
-    }
-}
-
-/// An EWMA latency (ms, measured at) as it stands at `now`: halved for every
-/// `DECAY_HALF_LIFE` without a new sample, so an idle endpoint becomes attractive again.
-fn decayed(ewma_ms: Option<(f64, Instant)>, now: Instant) -> Option<f64> {
-    ewma_ms.map(|(ms, at)| {
-        let idle = now.saturating_duration_since(at).as_secs_f64();
-        ms * 0.5f64.powf(idle / DECAY_HALF_LIFE.as_secs_f64())
-    })
 }
 
 /// An endpoint's state as [`choose`] sees it.
 struct Look {
     blocked: bool,
     suspect_busy: bool,
-    ewma_ms: Option<(f64, Instant)>,
+    cost: [Option<PeakEwma>; 2],
     block_ended: Option<Instant>,
     in_flight: u32,
+}
+
+impl Look {
+    fn estimate(&self, kind: Kind, now: Instant) -> Option<f64> {
+        self.cost[kind as usize].map(|c| c.at(now))
+    }
 }
 
 fn jitter(d: Duration, fraction: f64, url: &str, strikes: u32) -> Duration {
@@ -503,12 +577,14 @@ pub fn next_random() -> u64 {
     })
 }
 
-/// Picks among `candidates` (not yet tried for this request); `table_blocked` gives the
-/// time left on the route table's block of an endpoint. Returns the endpoint and
-/// whether every candidate was blocked (so a blocked one was used anyway).
+/// Picks among `candidates` (not yet tried for this request) for a request of `kind`;
+/// `table_blocked` gives the time left on the route table's block of an endpoint.
+/// Returns the endpoint and whether every candidate was blocked (so a blocked one was
+/// used anyway).
 pub fn choose<'a>(
     candidates: &[&'a Endpoint],
     table_blocked: impl Fn(&Endpoint) -> Option<Duration>,
+    kind: Kind,
     now: Instant,
     slow_start: Duration,
 ) -> Option<(&'a Endpoint, bool)> {
@@ -545,13 +621,15 @@ pub fn choose<'a>(
         j += 1;
     }
     let ((a, look_a), (b, look_b)) = (&open[i], &open[j]);
-    let pick = if a.score(look_a, now, slow_start) <= b.score(look_b, now, slow_start) {
-        a
-    } else {
-        b
-    };
+    let (est_a, est_b) = (look_a.estimate(kind, now), look_b.estimate(kind, now));
+    let cost_a = a.score(look_a, kind, est_b, now, slow_start);
+    let cost_b = b.score(look_b, kind, est_a, now, slow_start);
+    let pick = if cost_a <= cost_b { a } else { b };
     Some((pick, false))
 }
+
+#[cfg(test)]
+mod shares;
 
 #[cfg(test)]
 mod tests {
@@ -592,6 +670,7 @@ mod tests {
             outcome,
             now,
             Duration::ZERO,
+            Work::Whole(1),
             p,
             now,
             Timestamp::from_millis(0),
@@ -610,6 +689,7 @@ mod tests {
             outcome,
             done - took,
             took,
+            Work::Whole(1),
             p,
             done,
             Timestamp::from_millis(0),
@@ -841,7 +921,8 @@ mod tests {
         let all = [&fast, &slow, &blocked];
         let mut fast_picks = 0;
         for _ in 0..200 {
-            let (e, all_blocked) = choose(&all, |_| None, now, Duration::ZERO).unwrap();
+            let (e, all_blocked) =
+                choose(&all, |_| None, Kind::Whole, now, Duration::ZERO).unwrap();
             assert!(!all_blocked);
             assert_ne!(e.url, "http://blocked");
             if e.url == "http://fast" {
@@ -849,7 +930,8 @@ mod tests {
             }
         }
         assert_eq!(fast_picks, 200, "with two open endpoints P2C compares both");
-        let (e, all_blocked) = choose(&[&blocked], |_| None, now, Duration::ZERO).unwrap();
+        let (e, all_blocked) =
+            choose(&[&blocked], |_| None, Kind::Whole, now, Duration::ZERO).unwrap();
         assert!(
             all_blocked && e.url == "http://blocked",
             "blocked is lowest priority, not gone"
@@ -857,6 +939,7 @@ mod tests {
         let (e, _) = choose(
             &[&fast, &slow],
             |e| (e.url == "http://fast").then_some(Duration::from_secs(1)),
+            Kind::Whole,
             now,
             Duration::ZERO,
         )
@@ -869,7 +952,14 @@ mod tests {
             record_at(&local, &Outcome::Connect, &p, now);
         }
         let table = |e: &Endpoint| (e.url == "http://by-table").then_some(Duration::from_secs(300));
-        let (e, all_blocked) = choose(&[&local, &by_table], table, now, Duration::ZERO).unwrap();
+        let (e, all_blocked) = choose(
+            &[&local, &by_table],
+            table,
+            Kind::Whole,
+            now,
+            Duration::ZERO,
+        )
+        .unwrap();
         assert!(all_blocked);
         assert_eq!(
             e.url, "http://local",
@@ -884,13 +974,20 @@ mod tests {
         record_at(&failing, &Outcome::Connect, &p, now);
         let out = failing.start();
         for _ in 0..50 {
-            let (e, _) = choose(&[&failing, &healthy], |_| None, now, Duration::ZERO).unwrap();
+            let (e, _) = choose(
+                &[&failing, &healthy],
+                |_| None,
+                Kind::Whole,
+                now,
+                Duration::ZERO,
+            )
+            .unwrap();
             assert_eq!(e.url, "http://healthy");
         }
-        let (_, held) = choose(&[&failing], |_| None, now, Duration::ZERO).unwrap();
+        let (_, held) = choose(&[&failing], |_| None, Kind::Whole, now, Duration::ZERO).unwrap();
         assert!(held, "alone, it is used as a last resort");
         drop(out);
-        let (_, held) = choose(&[&failing], |_| None, now, Duration::ZERO).unwrap();
+        let (_, held) = choose(&[&failing], |_| None, Kind::Whole, now, Duration::ZERO).unwrap();
         assert!(!held, "with nothing out, it is open again");
     }
 
@@ -932,7 +1029,13 @@ mod tests {
         }
         let share = |a: &Endpoint, b: &Endpoint, at: Instant, slow_start: Duration| {
             (0..300)
-                .filter(|_| choose(&[a, b], |_| None, at, slow_start).unwrap().0.url == a.url)
+                .filter(|_| {
+                    choose(&[a, b], |_| None, Kind::Whole, at, slow_start)
+                        .unwrap()
+                        .0
+                        .url
+                        == a.url
+                })
                 .count()
         };
         // Equal latency: the weight-3 endpoint scores three times better and wins every

@@ -493,3 +493,52 @@ pub(crate) mod tests {
         }
     }
 }
+
+/// How much work a whole answer was, for comparing endpoints per unit of it: its
+/// `usage.completion_tokens` (output tokens), else `usage.prompt_tokens` (an embeddings
+/// answer has only those), else 1. Read from the end, where OpenAI-shaped answers put
+/// `usage`; a key inside a string value cannot match, as its quotes would be escaped.
+pub(crate) fn work_units(answer: &[u8]) -> u32 {
+    let count = |key: &[u8]| -> Option<u32> {
+        let at = memchr::memmem::rfind(answer, key)? + key.len();
+        let rest = answer[at..]
+            .trim_ascii_start()
+            .strip_prefix(b":")?
+            .trim_ascii_start();
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+    };
+    count(b"\"completion_tokens\"")
+        .filter(|&n| n > 0)
+        .or_else(|| count(b"\"prompt_tokens\"").filter(|&n| n > 0))
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod work_tests {
+    use super::work_units;
+
+    #[test]
+    fn work_is_output_tokens_else_input_tokens_else_one() {
+        let chat = br#"{"choices":[{"message":{"content":"say \"completion_tokens\": 9"}}],
+            "usage": {"prompt_tokens": 12, "completion_tokens" : 240, "total_tokens": 252}}"#;
+        assert_eq!(work_units(chat), 240);
+        let embeddings =
+            br#"{"data":[{"embedding":[0.1]}],"usage":{"prompt_tokens":8,"total_tokens":8}}"#;
+        assert_eq!(work_units(embeddings), 8);
+        assert_eq!(work_units(br#"{"choices":[]}"#), 1);
+        assert_eq!(
+            work_units(br#"{"usage":{"completion_tokens":0,"prompt_tokens":0}}"#),
+            1
+        );
+        assert_eq!(
+            work_units(br#"{"usage":{"completion_tokens":99999999999}}"#),
+            1
+        );
+        assert_eq!(
+            work_units(b"\"completion_tokens\""),
+            1,
+            "a key at the very end"
+        );
+    }
+}

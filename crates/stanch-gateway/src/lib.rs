@@ -389,7 +389,7 @@ async fn status_text(State(gw): State<Arc<Gateway>>) -> String {
         "STATE",
         "OK",
         "FAIL",
-        "EWMA ms"
+        "ms/token"
     );
     for e in s["endpoints"].as_array().into_iter().flatten() {
         out.push_str(&format!(
@@ -404,7 +404,7 @@ async fn status_text(State(gw): State<Arc<Gateway>>) -> String {
             },
             e["successes"],
             e["failures"],
-            e["ewma_ms"].as_f64().unwrap_or(0.0),
+            e["ms_per_token"].as_f64().unwrap_or(0.0),
         ));
     }
     out

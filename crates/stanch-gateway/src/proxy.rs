@@ -32,7 +32,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::endpoints::{Endpoint, choose};
+use crate::endpoints::{Endpoint, Kind, Work, choose};
 use crate::metrics::{AttemptLabels, KindLabel, ModelLabel, RequestLabels};
 use crate::outcome::{Outcome, classify_status, retry_after};
 use crate::sse::{Event, Parser};
@@ -381,6 +381,7 @@ async fn route(
         }
     }
     let mut targets = plan(gw, serve, table.as_deref(), wall);
+    let kind = if stream { Kind::Stream } else { Kind::Whole };
     let mut redirected = false;
     let mut tried: Vec<&Endpoint> = Vec::new();
     let policy = &gw.config.retry;
@@ -427,9 +428,13 @@ async fn route(
                     .and_then(|t| table_block(t, e, wall))
                     .map(|until| until.since(wall))
             };
-            let Some((chosen, all_blocked)) =
-                choose(&candidates, blocked, now, gw.config.blocking.slow_start.0)
-            else {
+            let Some((chosen, all_blocked)) = choose(
+                &candidates,
+                blocked,
+                kind,
+                now,
+                gw.config.blocking.slow_start.0,
+            ) else {
                 break;
             };
             if all_blocked {
@@ -603,20 +608,24 @@ fn backoff(gw: &Gateway, attempts: u32) -> Duration {
 }
 
 /// Counts the outcome of an attempt sent at `sent`, ending now, and feeds it to the
-/// endpoint's passive blocking; its latency is the time since `sent`.
+/// endpoint's passive blocking; its latency is the time since `sent`, for one unit of
+/// work (failures, and answers that do not say their size).
 fn record(gw: &Gateway, endpoint: &Endpoint, outcome: &Outcome, sent: Instant) {
     let now = Instant::now();
-    record_with_latency(gw, endpoint, outcome, sent, now.duration_since(sent), now);
+    let latency = now.duration_since(sent);
+    record_with_latency(gw, endpoint, outcome, sent, latency, Work::Whole(1), now);
 }
 
-/// As [`record`], with the latency the endpoint is judged by given (a stream's is its
-/// time to first token, however long the answer then took).
+/// As [`record`], with the latency the endpoint is judged by and what it measured (a
+/// stream's is its time to first token, however long the answer then took; a whole
+/// answer's is per unit of its work).
 fn record_with_latency(
     gw: &Gateway,
     endpoint: &Endpoint,
     outcome: &Outcome,
     sent: Instant,
     latency: Duration,
+    work: Work,
     now: Instant,
 ) {
     match (outcome, endpoint.hot.get()) {
@@ -636,7 +645,9 @@ fn record_with_latency(
         }
     }
     let blocking = &gw.config.blocking;
-    if let Some(block) = endpoint.record(outcome, sent, latency, blocking, now, gw.clock.now()) {
+    if let Some(block) =
+        endpoint.record(outcome, sent, latency, work, blocking, now, gw.clock.now())
+    {
         gw.metrics
             .blocks
             .get_or_create(&KindLabel {
@@ -720,7 +731,18 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
         };
         return match read_whole(response.into_body(), &within, None).await {
             Ok(answer) => {
-                record(ctx.gw, endpoint, &Outcome::Success, sent);
+                let now = Instant::now();
+                let work = Work::Whole(crate::json::work_units(&answer));
+                let latency = now.duration_since(sent);
+                record_with_latency(
+                    ctx.gw,
+                    endpoint,
+                    &Outcome::Success,
+                    sent,
+                    latency,
+                    work,
+                    now,
+                );
                 drop(in_flight);
                 let mut r = Response::new(Body::from(answer));
                 r.headers_mut().insert(
@@ -968,7 +990,15 @@ impl Relayed {
             self.relay.out.extend_from_slice(&error_event(&outcome));
         }
         let now = Instant::now();
-        record_with_latency(&e.gw, &e.endpoint, &outcome, e.sent, e.ttft, now);
+        record_with_latency(
+            &e.gw,
+            &e.endpoint,
+            &outcome,
+            e.sent,
+            e.ttft,
+            Work::FirstToken,
+            now,
+        );
         if let Some((latency, _)) = &e.histograms {
             latency.observe(now.duration_since(e.started).as_secs_f64());
         }

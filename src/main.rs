@@ -170,7 +170,8 @@ fn token(env: &str, file: Option<&String>) -> Result<Option<String>, String> {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    init_logging(args.log_format);
+    // Held to the end, so what is buffered is written out.
+    let _logging = init_logging(args.log_format);
     let config = match load_config(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -271,9 +272,9 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(4096)
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat) -> stanch_log::Logging {
     stanch_log::init(match format {
         LogFormat::Text => stanch_log::Format::Text,
         LogFormat::Json => stanch_log::Format::Json,
-    });
+    })
 }

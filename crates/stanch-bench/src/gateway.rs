@@ -54,6 +54,11 @@ pub struct GatewayArgs {
     /// rounds with the same configuration.
     #[arg(long)]
     compare: Option<PathBuf>,
+    /// Both proxies without access logs. By default both log as shipped: the gateway
+    /// at its default level (`info`, an access line a request) to a file, nginx with
+    /// `access_log ... buffer=256k flush=1s`.
+    #[arg(long)]
+    logs_off: bool,
 }
 
 struct Proc(Child);
@@ -420,6 +425,27 @@ async fn admin(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Resu
     Ok(out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
 }
 
+/// Requests each mock has answered so far.
+async fn mock_requests(mocks: &[String]) -> anyhow::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for m in mocks {
+        let body = admin(m, "GET", "/admin/stats", "").await?;
+        let v: serde_json::Value = serde_json::from_str(&body).context("stats JSON")?;
+        out.push(v["requests"].as_u64().unwrap_or(0));
+    }
+    Ok(out)
+}
+
+/// Each upstream's share of `counts`, in percent.
+fn show_split(counts: &[u64]) -> String {
+    let total = counts.iter().sum::<u64>().max(1) as f64;
+    counts
+        .iter()
+        .map(|&c| format!("{:.1} %", 100.0 * c as f64 / total))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
 /// Requests the mock answered with its injected status fault: exactly those sent to it
 /// after the fault began.
 async fn mock_faulted(addr: &str) -> anyhow::Result<u64> {
@@ -428,7 +454,7 @@ async fn mock_faulted(addr: &str) -> anyhow::Result<u64> {
     Ok(v["by_outcome"]["fault:status"].as_u64().unwrap_or(0))
 }
 
-fn nginx_conf(dir: &Path, listen: u16, upstreams: &[String], stream: bool) -> String {
+fn nginx_conf(dir: &Path, listen: u16, upstreams: &[String], stream: bool, logs: bool) -> String {
     let buffering = if stream {
         "      proxy_buffering off;\n"
     } else {
@@ -439,8 +465,13 @@ fn nginx_conf(dir: &Path, listen: u16, upstreams: &[String], stream: bool) -> St
         .map(|u| format!("    server {u};\n"))
         .collect();
     let d = dir.display();
+    let access_log = if logs {
+        format!("access_log {d}/access.log combined buffer=256k flush=1s;")
+    } else {
+        "access_log off;".to_owned()
+    };
     format!(
-        "worker_processes auto;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\nevents {{ worker_connections 1024; }}\nhttp {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream mocks {{\n{servers}    keepalive 64;\n    keepalive_requests 1000000;\n  }}\n  server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n      proxy_pass http://mocks;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout http_500 http_502 http_503 http_504;\n{buffering}    }}\n  }}\n}}\n"
+        "worker_processes auto;\nerror_log {d}/error.log warn;\npid {d}/nginx.pid;\nevents {{ worker_connections 1024; }}\nhttp {{\n  {access_log}\n  keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  upstream mocks {{\n{servers}    keepalive 64;\n    keepalive_requests 1000000;\n  }}\n  server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n      proxy_pass http://mocks;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_next_upstream error timeout http_500 http_502 http_503 http_504;\n{buffering}    }}\n  }}\n}}\n"
     )
 }
 
@@ -483,7 +514,8 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let config_path = dir.path().join("gateway.yaml");
     std::fs::write(&config_path, config)?;
     let start_gateway = |binary: &Path, port: u16| -> anyhow::Result<Proc> {
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args([
                 "--config",
                 config_path.to_str().unwrap_or_default(),
@@ -491,9 +523,15 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
                 &format!("127.0.0.1:{port}"),
             ])
             .args(["--worker-threads", &args.gateway_threads.to_string()])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stdout(Stdio::null());
+        if args.logs_off {
+            command.env("RUST_LOG", "warn").stderr(Stdio::inherit());
+        } else {
+            // As shipped: the default level, an access line a request, to a file.
+            let log = std::fs::File::create(dir.path().join(format!("gateway-{port}.log")))?;
+            command.env_remove("RUST_LOG").stderr(log);
+        }
+        let child = command
             .spawn()
             .with_context(|| format!("cannot run {}", binary.display()))?;
         Ok(Proc(child))
@@ -533,7 +571,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let nginx_port = port()?;
     std::fs::write(
         dir.path().join("nginx.conf"),
-        nginx_conf(dir.path(), nginx_port, &mocks, args.stream),
+        nginx_conf(dir.path(), nginx_port, &mocks, args.stream, !args.logs_off),
     )?;
     let nginx = Command::new(&args.nginx)
         .arg("-p")
@@ -607,6 +645,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         let mut saturated = vec![(0.0, Usage::default()); proxies.len()];
         for &i in &order {
             let (name, addr, pid) = &proxies[i];
+            let served_before = mock_requests(&mocks).await?;
             let before = Usage::of(*pid);
             let l = load(
                 std::slice::from_ref(addr),
@@ -630,6 +669,17 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
                 used.switches
             );
             saturated[i] = (throughput(&l), used);
+            let served = mock_requests(&mocks).await?;
+            let split: Vec<u64> = served
+                .iter()
+                .zip(&served_before)
+                .map(|(a, b)| a - b)
+                .collect();
+            println!(
+                "{:<16} split over the upstreams: {}",
+                "",
+                show_split(&split)
+            );
         }
         if args.throughput_only {
             for (i, &(throughput, used)) in saturated.iter().enumerate() {

@@ -83,6 +83,8 @@ pub struct Gateway {
     pub(crate) body_budget: stanch_net::body::BodyBudget,
     /// The worker threads' connection counts, when it serves on workers.
     workers: std::sync::OnceLock<stanch_net::Load>,
+    /// How many log lines the process's log writer dropped, when it has one.
+    log_drops: std::sync::OnceLock<stanch_log::Dropped>,
 }
 
 /// Every configured endpoint, model by model and pool by pool.
@@ -268,7 +270,13 @@ impl Gateway {
             body_budget: stanch_net::body::BodyBudget::new(config.max_partial_body_bytes),
             config,
             workers: std::sync::OnceLock::new(),
+            log_drops: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Reports the log writer's dropped lines as `stanch_gateway_log_lines_dropped_total`.
+    pub fn count_log_drops(&self, dropped: stanch_log::Dropped) {
+        let _ = self.log_drops.set(dropped);
     }
 
     /// Every configured endpoint.
@@ -411,6 +419,14 @@ async fn status_text(State(gw): State<Arc<Gateway>>) -> String {
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    if let Some(dropped) = gw.log_drops.get() {
+        // Catch the counter up with the writer's; a concurrent scrape may have.
+        let counter = &gw.metrics.log_lines_dropped;
+        let behind = dropped.get().saturating_sub(counter.get());
+        if behind > 0 {
+            counter.inc_by(behind);
+        }
+    }
     let now = Instant::now();
     let wall = gw.clock.now();
     let table = gw.table();

@@ -35,7 +35,8 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    stanch_log::init(args.log_format);
+    // Held to the end of main, so what is buffered is written out.
+    let logging = stanch_log::init(args.log_format);
     let config = match std::fs::read_to_string(&args.config)
         .map_err(|e| e.to_string())
         .and_then(|t| GatewayConfig::from_yaml(&t).map_err(|e| e.to_string()))
@@ -72,7 +73,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, args.listen, &workers)) {
+    match runtime.block_on(run(config, args.listen, &workers, logging.dropped())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("stanch-gateway: {e:#}");
@@ -85,6 +86,7 @@ async fn run(
     config: GatewayConfig,
     listen: SocketAddr,
     workers: &stanch_net::Workers,
+    log_drops: stanch_log::Dropped,
 ) -> anyhow::Result<()> {
     let routes = match &config.controller {
         Some(c) => {
@@ -124,6 +126,7 @@ async fn run(
             (c.url.clone(), token, id, c.report_interval.0)
         });
     let gateway = Arc::new(Gateway::new(config, routes, Arc::new(SystemClock))?);
+    gateway.count_log_drops(log_drops);
     if gateway.config_probing() {
         tokio::spawn(stanch_gateway::probe_loop(gateway.clone()));
     }

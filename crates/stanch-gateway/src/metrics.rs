@@ -239,6 +239,9 @@ pub struct Metrics {
     pub malformed_chunks: Counter,
     /// Retries refused by the retry budget.
     pub budget_exhausted: Counter,
+    /// Log lines dropped because the log output could not keep up; set from the
+    /// writer's count at each scrape.
+    pub log_lines_dropped: Counter,
     /// Caller connections each worker thread serves.
     pub worker_connections: Family<WorkerLabel, Gauge>,
     /// The applied route version (0 without one).
@@ -279,6 +282,7 @@ impl Metrics {
             all_blocked: Counter::default(),
             malformed_chunks: Counter::default(),
             budget_exhausted: Counter::default(),
+            log_lines_dropped: Counter::default(),
             route_version: Gauge::default(),
             route_age_seconds: Gauge::default(),
         };
@@ -368,6 +372,11 @@ impl Metrics {
             "retry_budget_exhausted",
             "Retries refused by the retry budget",
             m.budget_exhausted.clone(),
+        );
+        registry.register(
+            "log_lines_dropped",
+            "Log lines (access log included) dropped because the log output could not keep up",
+            m.log_lines_dropped.clone(),
         );
         registry.register(
             "route_version",

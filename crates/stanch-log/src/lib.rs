@@ -9,6 +9,8 @@
 
 #![warn(missing_docs)]
 
+pub mod buffered;
+
 use std::fmt::{self, Write as _};
 use std::io::IsTerminal;
 
@@ -39,20 +41,51 @@ impl std::str::FromStr for Format {
     }
 }
 
+/// The logging of a running process: hold it until the process ends, so that what is
+/// buffered is written out.
+pub struct Logging {
+    writer: buffered::Buffered,
+    _flush: buffered::Flush,
+}
+
+impl Logging {
+    /// Lines dropped because standard error could not take them as fast as they came.
+    pub fn dropped(&self) -> Dropped {
+        Dropped(self.writer.clone())
+    }
+}
+
+/// Reads how many log lines were dropped, for a metric.
+#[derive(Clone)]
+pub struct Dropped(buffered::Buffered);
+
+impl Dropped {
+    /// Lines dropped so far.
+    pub fn get(&self) -> u64 {
+        self.0.dropped()
+    }
+}
+
 /// Installs the global subscriber: `RUST_LOG` filters (default `info`), standard error
-/// is the output.
-pub fn init(format: Format) {
+/// is the output, through the buffered writer of [`buffered`]: a line costs the logging
+/// thread a copy into its own buffer, never a system call or a wait.
+pub fn init(format: Format) -> Logging {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, flush) = buffered::Buffered::new(std::io::stderr(), buffered::Limits::default());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer.clone());
     match format {
         Format::Text => builder
             .with_ansi(std::io::stderr().is_terminal())
             .fmt_fields(Escaped)
             .init(),
         Format::Json => builder.json().flatten_event(true).init(),
+    }
+    Logging {
+        writer,
+        _flush: flush,
     }
 }
 

@@ -44,7 +44,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    stanch_log::init(stanch_log::Format::Text);
+    let _logging = stanch_log::init(stanch_log::Format::Text);
     let args = Args::parse();
     let mut config = MockConfig::new(
         &args.model,

@@ -1,0 +1,467 @@
+//! A log writer that never makes the logging thread wait, as nginx's buffered access
+//! log (`buffer=256k flush=1s`) does.
+//!
+//! Each thread appends its lines to a buffer of its own (a lock no other thread takes,
+//! except the flusher once a second), with no system call. A writer thread writes every
+//! buffer out once a second, and a buffer that fills up (256 KiB) or holds a warning or
+//! an error is handed to it at once. If the writer falls so far behind that the queue of
+//! handed-over buffers is full, the lines of a further buffer are dropped and counted
+//! ([`Buffered::dropped`]): a slow disk or a stalled log pipe costs log lines, never
+//! requests. Lines from different threads reach the output within a second of being
+//! logged, each whole, but not necessarily in the order they were logged across
+//! threads; on a crash, up to a second of lines is lost. [`Flush`] writes everything out
+//! when the process ends normally.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tracing::{Level, Metadata};
+use tracing_subscriber::fmt::MakeWriter;
+
+/// How the buffered writer behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A thread's buffer is handed to the writer when it holds this much.
+    pub buffer_bytes: usize,
+    /// Every buffer is written out at least this often.
+    pub flush_every: Duration,
+    /// Handed-over buffers waiting for the writer at most; past it, lines are dropped.
+    pub max_queued: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            buffer_bytes: 256 * 1024,
+            flush_every: Duration::from_secs(1),
+            max_queued: 16,
+        }
+    }
+}
+
+/// The `MakeWriter` to give tracing-subscriber. Clones share one writer thread.
+#[derive(Clone)]
+pub struct Buffered {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    limits: Limits,
+    /// Every thread's buffer, for the writer's round each second.
+    threads: Mutex<Vec<Weak<Mutex<Vec<u8>>>>>,
+    /// Buffers handed over, waiting to be written.
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    dropped: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    full: Vec<Vec<u8>>,
+    /// Set when the process ends: write everything and stop.
+    closing: bool,
+    /// Rounds finished, so [`Flush`] knows when its round is done.
+    rounds: u64,
+    /// A round has been asked for before the next tick.
+    asked: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A thread's buffers, one for each writer it has logged through.
+#[derive(Default)]
+struct Mine(Vec<(Weak<Shared>, Arc<Mutex<Vec<u8>>>)>);
+
+impl Drop for Mine {
+    /// A thread that ends hands over what it has not had written yet.
+    fn drop(&mut self) {
+        for (shared, buffer) in &self.0 {
+            if let Some(shared) = shared.upgrade() {
+                let lines = std::mem::take(&mut *lock(buffer));
+                if !lines.is_empty() {
+                    shared.hand_over(lines);
+                }
+            }
+        }
+    }
+}
+
+std::thread_local! {
+    static MINE: std::cell::RefCell<Mine> = std::cell::RefCell::new(Mine::default());
+}
+
+impl Buffered {
+    /// A writer to `out`, with its writer thread; the [`Flush`] writes everything out
+    /// when dropped.
+    pub fn new(out: impl Write + Send + 'static, limits: Limits) -> (Buffered, Flush) {
+        let shared = Arc::new(Shared {
+            limits,
+            threads: Mutex::new(Vec::new()),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            dropped: AtomicU64::new(0),
+        });
+        let writer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("log-writer".into())
+                .spawn(move || shared.run(out))
+                .expect("the log writer thread starts")
+        };
+        let flush = Flush {
+            shared: shared.clone(),
+            writer: Some(writer),
+        };
+        (Buffered { shared }, flush)
+    }
+
+    /// Lines dropped because the writer could not keep up.
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+
+    /// This thread's buffer, registered with the writer the first time.
+    fn buffer(&self) -> Arc<Mutex<Vec<u8>>> {
+        MINE.with(|mine| {
+            let mine = &mut mine.borrow_mut().0;
+            if let Some((_, buf)) = mine
+                .iter()
+                .find(|(s, _)| std::ptr::eq(s.as_ptr(), Arc::as_ptr(&self.shared)))
+            {
+                return buf.clone();
+            }
+            mine.retain(|(s, _)| s.strong_count() > 0);
+            let buf = Arc::new(Mutex::new(Vec::with_capacity(4096)));
+            lock(&self.shared.threads).push(Arc::downgrade(&buf));
+            mine.push((Arc::downgrade(&self.shared), buf.clone()));
+            buf
+        })
+    }
+}
+
+impl Shared {
+    /// Hands `lines` to the writer, or drops and counts them if it is too far behind.
+    fn hand_over(&self, lines: Vec<u8>) {
+        let mut queue = lock(&self.queue);
+        if queue.full.len() >= self.limits.max_queued {
+            drop(queue);
+            let n = lines.iter().filter(|&&b| b == b'\n').count() as u64;
+            self.dropped.fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        queue.full.push(lines);
+        drop(queue);
+        self.wake.notify_one();
+    }
+
+    /// The writer thread: writes handed-over buffers as they come, and every thread's
+    /// buffer each `flush_every`, until closing.
+    fn run(&self, mut out: impl Write) {
+        loop {
+            let (full, closing) = {
+                let mut queue = lock(&self.queue);
+                if queue.full.is_empty() && !queue.closing && !queue.asked {
+                    queue = self
+                        .wake
+                        .wait_timeout(queue, self.limits.flush_every)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                queue.asked = false;
+                (std::mem::take(&mut queue.full), queue.closing)
+            };
+            for lines in full {
+                let _ = out.write_all(&lines);
+            }
+            self.round(&mut out, closing);
+            let _ = out.flush();
+            lock(&self.queue).rounds += 1;
+            self.wake.notify_all();
+            if closing {
+                return;
+            }
+        }
+    }
+
+    /// Writes out the whole lines every thread's buffer holds (everything, when
+    /// `last`), forgetting threads that ended.
+    fn round(&self, out: &mut impl Write, last: bool) {
+        let buffers: Vec<Arc<Mutex<Vec<u8>>>> = {
+            let mut threads = lock(&self.threads);
+            threads.retain(|t| t.strong_count() > 0);
+            threads.iter().filter_map(Weak::upgrade).collect()
+        };
+        for buffer in buffers {
+            let lines = {
+                let mut b = lock(&buffer);
+                // A thread may be between two writes of one line: that line waits.
+                let whole = if last {
+                    b.len()
+                } else {
+                    b.iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1)
+                };
+                if whole == 0 {
+                    continue;
+                }
+                let rest = b[whole..].to_vec();
+                std::mem::replace(&mut *b, rest)
+            };
+            let _ = out.write_all(&lines);
+        }
+    }
+}
+
+/// Writes everything out and stops the writer when dropped: hold it until the process
+/// ends.
+pub struct Flush {
+    shared: Arc<Shared>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flush {
+    /// Writes out everything logged so far, waiting for it (up to about a second):
+    /// for tests, and before reading what was logged.
+    pub fn now(&self) {
+        let mut queue = lock(&self.shared.queue);
+        // The round under way may have started before the last line; the next one
+        // takes everything.
+        let target = queue.rounds + 2;
+        for _ in 0..20 {
+            if queue.rounds >= target {
+                return;
+            }
+            queue.asked = true;
+            self.shared.wake.notify_all();
+            queue = self
+                .shared
+                .wake
+                .wait_timeout(queue, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).closing = true;
+        self.shared.wake.notify_all();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// One event's writes into this thread's buffer.
+pub struct Line {
+    shared: Arc<Shared>,
+    buffer: Arc<Mutex<Vec<u8>>>,
+    /// A warning or an error: handed to the writer at once, not at the next tick.
+    urgent: bool,
+}
+
+impl Write for Line {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let full = {
+            let mut b = lock(&self.buffer);
+            b.extend_from_slice(bytes);
+            if b.len() >= self.shared.limits.buffer_bytes {
+                // Whole lines only: what follows the last newline stays for the next.
+                b.iter().rposition(|&c| c == b'\n').map(|last| {
+                    let rest = b.split_off(last + 1);
+                    std::mem::replace(&mut *b, rest)
+                })
+            } else {
+                None
+            }
+        };
+        if let Some(lines) = full {
+            self.shared.hand_over(lines);
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if self.urgent {
+            let lines = std::mem::take(&mut *lock(&self.buffer));
+            if !lines.is_empty() {
+                self.shared.hand_over(lines);
+            }
+        }
+    }
+}
+
+impl<'a> MakeWriter<'a> for Buffered {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line {
+            shared: self.shared.clone(),
+            buffer: self.buffer(),
+            urgent: false,
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Line {
+        let mut line = self.make_writer();
+        line.urgent = *meta.level() <= Level::WARN;
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>, Arc<Mutex<Option<Duration>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if let Some(stall) = *lock(&self.1) {
+                std::thread::sleep(stall);
+            }
+            lock(&self.0).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn text(sink: &Sink) -> String {
+        String::from_utf8(lock(&sink.0).clone()).unwrap()
+    }
+
+    /// Four threads log 500 lines each through `limits`; returns the lines written,
+    /// sorted, and how many were dropped.
+    fn four_threads(limits: Limits) -> (Vec<String>, u64) {
+        let sink = Sink::default();
+        let (writer, flush) = Buffered::new(sink.clone(), limits);
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let writer = writer.clone();
+                scope.spawn(move || {
+                    for i in 0..500 {
+                        let mut line = writer.make_writer();
+                        write!(line, "thread {t} line {i} {}\n", "x".repeat(i % 50)).unwrap();
+                    }
+                });
+            }
+        });
+        // The threads have ended; what they had not had written was handed over.
+        flush.now();
+        let mut lines: Vec<String> = text(&sink).lines().map(str::to_owned).collect();
+        lines.sort();
+        (lines, writer.dropped())
+    }
+
+    #[test]
+    fn lines_from_many_threads_arrive_whole_and_once() {
+        let (lines, dropped) = four_threads(Limits::default());
+        assert_eq!((lines.len(), dropped), (2000, 0), "every line, once");
+        let mut unique = lines.clone();
+        unique.dedup();
+        assert_eq!(unique.len(), 2000);
+        // Small buffers outrun the writer: each line is then written whole or counted.
+        let small = Limits {
+            buffer_bytes: 500,
+            max_queued: 2,
+            ..Limits::default()
+        };
+        let (lines, dropped) = four_threads(small);
+        assert_eq!(lines.len() as u64 + dropped, 2000);
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.starts_with("thread ") && l.contains(" line ")),
+            "whole lines only"
+        );
+    }
+
+    #[test]
+    fn lines_are_written_within_the_flush_interval_without_being_asked() {
+        let sink = Sink::default();
+        let limits = Limits {
+            flush_every: Duration::from_millis(50),
+            ..Limits::default()
+        };
+        let (writer, _flush) = Buffered::new(sink.clone(), limits);
+        writeln!(writer.make_writer(), "one quiet line").unwrap();
+        assert!(text(&sink).is_empty(), "buffered, not written at once");
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(text(&sink), "one quiet line\n");
+    }
+
+    #[test]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the writer is a thread, timed by the wall clock"
+    )]
+    fn a_stalled_output_costs_lines_never_the_logging_thread() {
+        let sink = Sink::default();
+        *lock(&sink.1) = Some(Duration::from_secs(2));
+        let limits = Limits {
+            buffer_bytes: 100,
+            max_queued: 2,
+            flush_every: Duration::from_secs(60),
+        };
+        let (writer, flush) = Buffered::new(sink.clone(), limits);
+        let started = std::time::Instant::now();
+        for i in 0..1000 {
+            writeln!(writer.make_writer(), "line {i:04} padding padding padding").unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(writer.dropped() > 900, "{} dropped", writer.dropped());
+        *lock(&sink.1) = None;
+        drop(flush);
+        let written = text(&sink).lines().count() as u64;
+        assert_eq!(
+            written + writer.dropped(),
+            1000,
+            "each line written or counted"
+        );
+    }
+
+    #[test]
+    fn warnings_are_handed_over_at_once_and_everything_is_written_at_the_end() {
+        let sink = Sink::default();
+        let limits = Limits {
+            flush_every: Duration::from_secs(60),
+            ..Limits::default()
+        };
+        let (writer, flush) = Buffered::new(sink.clone(), limits);
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("routine");
+            tracing::warn!("something is wrong");
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let seen = text(&sink);
+        assert!(
+            seen.contains("routine") && seen.contains("something is wrong"),
+            "{seen:?}"
+        );
+        writeln!(writer.make_writer(), "last words").unwrap();
+        drop(flush);
+        assert!(text(&sink).ends_with("last words\n"));
+    }
+}

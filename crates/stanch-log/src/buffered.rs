@@ -72,9 +72,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// One thread's lines not yet written.
+type ThreadBuffer = Arc<Mutex<Vec<u8>>>;
+
 /// A thread's buffers, one for each writer it has logged through.
 #[derive(Default)]
-struct Mine(Vec<(Weak<Shared>, Arc<Mutex<Vec<u8>>>)>);
+struct Mine(Vec<(Weak<Shared>, ThreadBuffer)>);
 
 impl Drop for Mine {
     /// A thread that ends hands over what it has not had written yet.
@@ -125,7 +128,7 @@ impl Buffered {
     }
 
     /// This thread's buffer, registered with the writer the first time.
-    fn buffer(&self) -> Arc<Mutex<Vec<u8>>> {
+    fn buffer(&self) -> ThreadBuffer {
         MINE.with(|mine| {
             let mine = &mut mine.borrow_mut().0;
             if let Some((_, buf)) = mine
@@ -190,7 +193,7 @@ impl Shared {
     /// Writes out the whole lines every thread's buffer holds (everything, when
     /// `last`), forgetting threads that ended.
     fn round(&self, out: &mut impl Write, last: bool) {
-        let buffers: Vec<Arc<Mutex<Vec<u8>>>> = {
+        let buffers: Vec<ThreadBuffer> = {
             let mut threads = lock(&self.threads);
             threads.retain(|t| t.strong_count() > 0);
             threads.iter().filter_map(Weak::upgrade).collect()
@@ -259,7 +262,7 @@ impl Drop for Flush {
 /// One event's writes into this thread's buffer.
 pub struct Line {
     shared: Arc<Shared>,
-    buffer: Arc<Mutex<Vec<u8>>>,
+    buffer: ThreadBuffer,
     /// A warning or an error: handed to the writer at once, not at the next tick.
     urgent: bool,
 }
@@ -354,7 +357,7 @@ mod tests {
                 scope.spawn(move || {
                     for i in 0..500 {
                         let mut line = writer.make_writer();
-                        write!(line, "thread {t} line {i} {}\n", "x".repeat(i % 50)).unwrap();
+                        writeln!(line, "thread {t} line {i} {}", "x".repeat(i % 50)).unwrap();
                     }
                 });
             }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod endpoints;
 pub mod faq;
 mod h1;
+mod headers;
 mod json;
 pub mod metrics;
 pub mod outcome;

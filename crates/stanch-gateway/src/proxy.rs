@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::endpoints::{Endpoint, Kind, Work, choose};
+use crate::headers::{self, Forward, REQUEST_ID};
 use crate::metrics::{AttemptLabels, KindLabel, ModelLabel, RequestLabels};
 use crate::outcome::{Outcome, classify_status, retry_after};
 use crate::sse::{Event, Parser};
@@ -112,6 +113,8 @@ struct Ctx<'g> {
     attempts: u32,
     /// The caller's tenant (an index into `Gateway::tenants`), if its key is known.
     tenant: Option<usize>,
+    /// What of the caller's headers goes upstream, and the request's id.
+    forward: Forward,
 }
 
 impl Ctx<'_> {
@@ -180,6 +183,7 @@ pub(crate) fn handle(
     request: Request<Incoming>,
 ) -> impl Future<Output = Response> + Send + 'static {
     let (parts, body) = request.into_parts();
+    let forward = Forward::from_caller(&parts.headers);
     let admitted = if parts.method == Method::POST {
         Ok(tenant(&gw, &parts.headers))
     } else {
@@ -191,22 +195,26 @@ pub(crate) fn handle(
     };
     drop(parts);
     async move {
+        let request_id = forward.request_id.clone();
         let routed = match admitted {
-            Ok(tenant) => route(&gw, api, body, tenant).await,
+            Ok(tenant) => route(&gw, api, body, tenant, forward).await,
             Err(rejected) => Err(rejected),
         };
-        routed.unwrap_or_else(|r| reject(&gw, r))
+        routed.unwrap_or_else(|r| reject(&gw, r, request_id))
     }
 }
 
 /// The answer to a request turned away before routing.
-fn reject(gw: &Gateway, r: Rejected) -> Response {
+fn reject(gw: &Gateway, r: Rejected, request_id: HeaderValue) -> Response {
     gw.metrics
         .rejected
         .get_or_create(&KindLabel { kind: r.code })
         .inc();
-    info!(target: "access", outcome = r.code, status = r.status.as_u16(), "request rejected");
+    info!(target: "access", outcome = r.code, status = r.status.as_u16(), request_id = ?request_id, "request rejected");
     let mut response = openai_error(r.status, "invalid_request_error", r.code, &r.message);
+    response
+        .headers_mut()
+        .insert(REQUEST_ID.clone(), request_id);
     if r.status == StatusCode::METHOD_NOT_ALLOWED {
         response
             .headers_mut()
@@ -268,6 +276,7 @@ async fn route(
     api: Api,
     body: Incoming,
     tenant: Result<Option<usize>, Rejected>,
+    forward: Forward,
 ) -> Result<Response, Rejected> {
     let raw = match read_whole(body, &gw.body_limits, Some(&gw.body_budget)).await {
         Ok(raw) => raw,
@@ -346,6 +355,7 @@ async fn route(
         degraded: false,
         attempts: 0,
         tenant,
+        forward,
     };
 
     let entry = |m: &str| honoured(table.as_deref(), m, wall);
@@ -519,12 +529,15 @@ async fn route(
         let faq = gw.config.models.get(serve).and_then(|m| m.faq.as_deref());
         return Ok(faq_answer(&ctx, faq, "faq_fallback"));
     }
-    let response = openai_error(
+    let mut response = openai_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
         "upstreams_unavailable",
         "every upstream failed; retry later",
     );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     Ok(finish(&ctx, response, None, "exhausted"))
 }
 
@@ -670,7 +683,8 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
         }
         _ => ctx.raw.clone(),
     };
-    let request = endpoint.post(ctx.api as usize, payload);
+    let mut request = endpoint.post(ctx.api as usize, payload);
+    ctx.forward.onto(request.headers_mut());
     let in_flight = endpoint.start();
     let sent = Instant::now();
     let first_byte = (sent + gw.config.timeouts.first_byte.0).min(deadline);
@@ -705,15 +719,14 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
             .headers()
             .get(RATE_LIMITED)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-        let bytes = read_limited(response.into_body(), Duration::from_secs(2)).await;
+        let (head, body) = response.into_parts();
+        let bytes = read_limited(body, Duration::from_secs(2)).await;
         let outcome = classify_status(status.as_u16(), wait, local, &bytes);
         record(ctx.gw, endpoint, &outcome, sent);
         if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
             let mut r = Response::new(Body::from(bytes));
             *r.status_mut() = status;
-            if let Some(ct) = content_type {
-                r.headers_mut().insert(header::CONTENT_TYPE, ct);
-            }
+            headers::from_upstream(&head.headers, r.headers_mut());
             return Attempt::Caller(outcome, r);
         }
         return Attempt::Failed(outcome);
@@ -729,7 +742,8 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
             timeout: deadline.saturating_duration_since(Instant::now()),
             min_rate: 0,
         };
-        return match read_whole(response.into_body(), &within, None).await {
+        let (head, body) = response.into_parts();
+        return match read_whole(body, &within, None).await {
             Ok(answer) => {
                 let now = Instant::now();
                 let work = Work::Whole(crate::json::work_units(&answer));
@@ -745,6 +759,7 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
                 );
                 drop(in_flight);
                 let mut r = Response::new(Body::from(answer));
+                headers::from_upstream(&head.headers, r.headers_mut());
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     content_type.unwrap_or(HeaderValue::from_static("application/json")),
@@ -768,7 +783,8 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
             }
         };
     }
-    stream(ctx, endpoint, response.into_body(), sent, in_flight).await
+    let (head, body) = response.into_parts();
+    stream(ctx, endpoint, head.headers, body, sent, in_flight).await
 }
 
 /// The start of an error body, at most `ERROR_BODY_LIMIT` bytes, whatever arrives
@@ -800,6 +816,7 @@ fn error_event(outcome: &Outcome) -> Bytes {
 async fn stream(
     ctx: &Ctx<'_>,
     endpoint: &Arc<Endpoint>,
+    upstream_headers: hyper::HeaderMap,
     mut body: upstream::Body,
     sent: Instant,
     in_flight: crate::endpoints::InFlight,
@@ -864,6 +881,7 @@ async fn stream(
             version: ctx.version,
             attempts: ctx.attempts,
             started: ctx.started,
+            request_id: ctx.forward.request_id.clone(),
             _in_flight: in_flight,
             gw,
         }),
@@ -873,6 +891,7 @@ async fn stream(
     }
     let mut response = Response::new(Body::new(relayed));
     let h = response.headers_mut();
+    headers::from_upstream(&upstream_headers, h);
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
@@ -972,6 +991,8 @@ struct Open {
     version: u64,
     attempts: u32,
     started: Instant,
+    /// The request's id, for the access log.
+    request_id: HeaderValue,
     /// Counts the request in flight on its endpoint until the stream ends or the
     /// caller goes.
     _in_flight: crate::endpoints::InFlight,
@@ -1002,7 +1023,7 @@ impl Relayed {
         if let Some((latency, _)) = &e.histograms {
             latency.observe(now.duration_since(e.started).as_secs_f64());
         }
-        info!(target: "access", model = %e.model, endpoint = %e.endpoint.url, attempts = e.attempts, outcome = outcome.label(), version = e.version, stream = true, ms = now.duration_since(e.started).as_millis() as u64, "stream finished");
+        info!(target: "access", model = %e.model, endpoint = %e.endpoint.url, attempts = e.attempts, outcome = outcome.label(), version = e.version, stream = true, ms = now.duration_since(e.started).as_millis() as u64, request_id = ?e.request_id, "stream finished");
         self.waiting = None;
         let mut body = e.upstream;
         if outcome == Outcome::Success && !body.is_end_stream() {
@@ -1097,6 +1118,9 @@ fn finish(
     let h = response.headers_mut();
     h.insert(&ROUTE_VERSION_HEADER, version_value(ctx.version));
     h.insert(&ATTEMPTS_HEADER, attempts_value(ctx.attempts));
+    if !h.contains_key(&REQUEST_ID) {
+        h.insert(REQUEST_ID.clone(), ctx.forward.request_id.clone());
+    }
     if ctx.degraded {
         h.insert(&DEGRADED_HEADER, HeaderValue::from_static("true"));
     }
@@ -1140,6 +1164,7 @@ fn finish(
         version = ctx.version,
         degraded = ctx.degraded,
         ms = ctx.started.elapsed().as_millis() as u64,
+        request_id = ?ctx.forward.request_id,
         "request"
     );
     response

@@ -87,6 +87,9 @@ struct Inner {
     kv_cache: f64,
     stats: Stats,
     running: i64,
+    /// The headers of the last request answered, and how many were.
+    last_headers: Option<HeaderMap>,
+    answered: u64,
 }
 
 /// One mock instance's shared state.
@@ -106,6 +109,8 @@ impl Mock {
                 kv_cache: 0.0,
                 stats: Stats::default(),
                 running: 0,
+                last_headers: None,
+                answered: 0,
             })),
         }
     }
@@ -123,6 +128,19 @@ impl Mock {
     /// What the instance saw so far.
     pub fn stats(&self) -> Stats {
         self.inner.lock().expect("mock lock").stats.clone()
+    }
+
+    /// The headers of the last request answered on an OpenAI route, as received.
+    pub fn last_request_headers(&self) -> Option<HeaderMap> {
+        self.inner.lock().expect("mock lock").last_headers.clone()
+    }
+
+    /// Keeps `headers` as the last request's; returns how many were answered before.
+    fn remember_headers(&self, headers: &HeaderMap) -> u64 {
+        let mut inner = self.inner.lock().expect("mock lock");
+        inner.last_headers = Some(headers.clone());
+        inner.answered += 1;
+        inner.answered - 1
     }
 
     /// Takes the fault for one request (counting down a limited fault) and records it.

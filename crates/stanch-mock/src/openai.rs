@@ -41,10 +41,34 @@ fn error(status: StatusCode, kind: &str, code: Option<&str>, message: &str) -> R
     (status, axum::Json(body)).into_response()
 }
 
-fn with_instance(mock: &Mock, mut response: Response) -> Response {
+/// The headers every answer carries, as OpenAI's and vLLM's do: the instance, an
+/// `x-request-id` (the caller's, as vLLM echoes it, else a new `req_…` as OpenAI makes),
+/// `openai-processing-ms` and the `x-ratelimit-*` family. Remembers the request's
+/// headers for tests ([`Mock::last_request_headers`]).
+fn with_instance(mock: &Mock, request: &HeaderMap, mut response: Response) -> Response {
+    let n = mock.remember_headers(request);
+    let h = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&mock.config.instance) {
-        response.headers_mut().insert("x-mock-instance", v);
+        h.insert("x-mock-instance", v);
     }
+    let id = request
+        .get("x-request-id")
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from_str(&format!("req_{n:016x}")).expect("hex"));
+    h.insert("x-request-id", id);
+    h.insert("openai-processing-ms", HeaderValue::from_static("7"));
+    h.insert(
+        "x-ratelimit-limit-requests",
+        HeaderValue::from_static("10000"),
+    );
+    h.insert(
+        "x-ratelimit-remaining-requests",
+        HeaderValue::from_static("9999"),
+    );
+    h.insert(
+        "x-ratelimit-reset-requests",
+        HeaderValue::from_static("6ms"),
+    );
     response
 }
 
@@ -122,7 +146,7 @@ fn answer(body: &Value, n: usize) -> Vec<&'static str> {
 /// `POST /v1/chat/completions`
 pub(crate) async fn chat(State(mock): State<Mock>, headers: HeaderMap, body: Bytes) -> Response {
     let response = generate(&mock, &headers, &body, Kind::Chat).await;
-    with_instance(&mock, response)
+    with_instance(&mock, &headers, response)
 }
 
 /// `POST /v1/completions`
@@ -132,7 +156,7 @@ pub(crate) async fn completions(
     body: Bytes,
 ) -> Response {
     let response = generate(&mock, &headers, &body, Kind::Completion).await;
-    with_instance(&mock, response)
+    with_instance(&mock, &headers, response)
 }
 
 async fn generate(mock: &Mock, headers: &HeaderMap, raw: &[u8], kind: Kind) -> Response {
@@ -352,7 +376,7 @@ pub(crate) async fn embeddings(
 ) -> Response {
     let fault = match admit(&mock, &headers, "embeddings") {
         Ok(f) => f,
-        Err(r) => return with_instance(&mock, *r),
+        Err(r) => return with_instance(&mock, &headers, *r),
     };
     match &fault {
         Fault::Status {
@@ -363,6 +387,7 @@ pub(crate) async fn embeddings(
         } => {
             return with_instance(
                 &mock,
+                &headers,
                 status_fault(&mock, *status, *retry_after, code.as_deref(), *local),
             );
         }
@@ -416,11 +441,11 @@ pub(crate) async fn embeddings(
     let tokens: usize = inputs.iter().map(|s| s.split_whitespace().count()).sum();
     let body = json!({"object": "list", "data": data, "model": mock.config.model,
                       "usage": {"prompt_tokens": tokens, "total_tokens": tokens}});
-    with_instance(&mock, axum::Json(body).into_response())
+    with_instance(&mock, &headers, axum::Json(body).into_response())
 }
 
 /// `GET /v1/models`
-pub(crate) async fn models(State(mock): State<Mock>) -> Response {
+pub(crate) async fn models(State(mock): State<Mock>, headers: HeaderMap) -> Response {
     let body = json!({"object": "list", "data": [{"id": mock.config.model, "object": "model", "created": CREATED, "owned_by": "stanch-mock"}]});
-    with_instance(&mock, axum::Json(body).into_response())
+    with_instance(&mock, &headers, axum::Json(body).into_response())
 }

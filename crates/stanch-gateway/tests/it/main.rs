@@ -4,6 +4,7 @@
 mod connections;
 mod failures;
 mod fleet;
+mod headers;
 mod process;
 mod routing;
 mod slow;

@@ -1,12 +1,13 @@
 //! Upstream endpoints: load, latency, health and passive blocks, and how one is chosen.
 //!
-//! State is per (endpoint, model). Choosing is power of two choices on a cost, as
-//! linkerd's and Finagle's peak-EWMA balancers do: a latency estimate per unit of work
+//! State is per (endpoint, model). Choosing is power of two choices on a cost, after
+//! linkerd's and Finagle's peak-EWMA balancers: a latency estimate per unit of work
 //! × (requests in flight + 1), over the capacity, the weight and the slow-start ramp
-//! after a block. The estimate rises at once to a slower sample and comes down over
-//! [`DECAY`], and while an endpoint gets no samples it decays toward zero, so an
-//! endpoint that lost every comparison (after one slow answer, say) drifts back into
-//! use instead of starving. Like is compared with like: a streamed request is chosen by
+//! after a block. The estimate leans toward slower samples and blends by the time
+//! between samples ([`DECAY`]), with a floor per sample so that at high rates it is a
+//! plain EWMA; while an endpoint gets no samples it decays toward zero, so an endpoint
+//! that lost every comparison (after one slow answer, say) drifts back into use instead
+//! of starving. Like is compared with like: a streamed request is chosen by
 //! time to first token, a whole one by time per output token (per input token for
 //! embeddings), so one long completion does not make its endpoint look slow. Blocked
 //! means lowest priority, not gone: when every candidate is blocked, the one most
@@ -53,8 +54,17 @@ pub enum Kind {
     Stream = 1,
 }
 
-/// A peak-EWMA estimate in milliseconds: it jumps to a sample above it, blends a lower
-/// one in by how long it has been since the last, and decays toward zero meanwhile.
+/// Each sample moves the estimate at least this far toward it: at thousands of samples a
+/// second, where the time between two is nothing, it is a plain EWMA; one scheduling
+/// hiccup fades within a few samples instead of sidelining the endpoint for seconds.
+const ALPHA: f64 = 0.3;
+/// A sample above the estimate moves it at least this far: slowing down shows at once.
+const ALPHA_UP: f64 = 0.5;
+
+/// A latency estimate in milliseconds that leans toward peaks and forgets with time: a
+/// sample blends in with a weight that grows with the time since the last (all of it
+/// after long enough), at least [`ALPHA`], and at least [`ALPHA_UP`] when it is higher;
+/// between samples the estimate decays toward zero.
 #[derive(Debug, Clone, Copy)]
 struct PeakEwma {
     ms: f64,
@@ -78,12 +88,9 @@ impl PeakEwma {
             None => sample,
             Some(e) => {
                 let current = e.at(now);
-                if sample >= current {
-                    sample
-                } else {
-                    let w = e.weight(now);
-                    current * w + sample * (1.0 - w)
-                }
+                let floor = if sample > current { ALPHA_UP } else { ALPHA };
+                let alpha = (1.0 - e.weight(now)).max(floor);
+                current + alpha * (sample - current)
             }
         };
         PeakEwma { ms, at: now }

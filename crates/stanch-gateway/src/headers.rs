@@ -25,27 +25,28 @@ pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id
 /// The most caller headers forwarded; the rest are left out (hyper reads at most 100).
 const MAX_FORWARDED: usize = 64;
 
-/// Hop-by-hop headers, and framing the gateway sets for its own connections.
-const HOP_BY_HOP: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "content-length",
-    "host",
+/// Hop-by-hop headers, and framing the gateway sets for its own connections. Compared
+/// as `HeaderName`s: for the standard ones, a comparison of two small integers.
+const HOP_BY_HOP: [HeaderName; 10] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::CONTENT_LENGTH,
+    header::HOST,
 ];
 
 /// The caller's credentials, which never go upstream.
-const CREDENTIALS: [&str; 5] = [
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "x-api-key",
-    "api-key",
+const CREDENTIALS: [HeaderName; 5] = [
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::COOKIE,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
 ];
 
 /// What a caller's request passes on upstream.
@@ -91,16 +92,18 @@ impl Forward {
             })
             .cloned()
             .unwrap_or_else(new_request_id);
+        // Most requests have no Connection header: then nothing is named by it.
+        let connection = headers.contains_key(header::CONNECTION);
         let headers = headers
             .iter()
             .filter(|(name, _)| {
-                let n = name.as_str();
-                !HOP_BY_HOP.contains(&n)
-                    && !CREDENTIALS.contains(&n)
-                    && *name != header::CONTENT_TYPE
-                    && **name != REQUEST_ID
-                    && !own(name)
-                    && !named_by_connection(headers, name)
+                let withheld = HOP_BY_HOP.contains(name)
+                    || CREDENTIALS.contains(name)
+                    || *name == header::CONTENT_TYPE
+                    || **name == REQUEST_ID
+                    || own(name)
+                    || (connection && named_by_connection(headers, name));
+                !withheld
             })
             .take(MAX_FORWARDED)
             .map(|(n, v)| (n.clone(), v.clone()))
@@ -123,9 +126,13 @@ impl Forward {
 
 /// Copies what of an upstream answer's headers goes back to the caller into `caller`.
 pub(crate) fn from_upstream(upstream: &HeaderMap, caller: &mut HeaderMap) {
+    let connection = upstream.contains_key(header::CONNECTION);
+    caller.reserve(upstream.len());
     for (name, value) in upstream {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || own(name) || named_by_connection(upstream, name) {
+        if HOP_BY_HOP.contains(name)
+            || own(name)
+            || (connection && named_by_connection(upstream, name))
+        {
             continue;
         }
         caller.append(name.clone(), value.clone());

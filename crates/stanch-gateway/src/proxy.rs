@@ -1218,28 +1218,48 @@ fn faq_answer(ctx: &Ctx<'_>, set: Option<&str>, outcome: &'static str) -> Respon
                 .and_then(|m| m.faq.as_deref())
         })
         .or_else(|| gw.faqs.keys().next().map(String::as_str));
-    let q = question(&serde_json::from_slice(&ctx.raw).unwrap_or_default());
+    let request: Value = serde_json::from_slice(&ctx.raw).unwrap_or_default();
+    let q = question(&request);
+    // Answered here, so no tokens were spent; the shape is the one asked for.
+    let no_usage = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0});
+    let with_usage = request["stream_options"]["include_usage"] == Value::Bool(true);
     let answer = set.and_then(|s| gw.faqs.get(s)).map_or(
         "The service is busy right now. Please try again in a few minutes.".to_owned(),
         |f| f.answer(&q).answer.to_owned(),
     );
     let model = format!("stanch-faq/{}", set.unwrap_or("none"));
     let mut response = if ctx.stream {
-        let chunk = |delta: Value, finish: Value| match ctx.api {
-            Api::Chat => {
-                json!({"id": "stanch-faq", "object": "chat.completion.chunk", "created": 0, "model": model,
-                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-            }
-            _ => {
-                json!({"id": "stanch-faq", "object": "text_completion", "created": 0, "model": model,
-                        "choices": [{"index": 0, "text": delta["content"].as_str().unwrap_or(""), "finish_reason": finish}]})
-            }
+        let object = match ctx.api {
+            Api::Chat => "chat.completion.chunk",
+            _ => "text_completion",
         };
-        let text = format!(
-            "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+        let chunk = |delta: Value, finish: Value| {
+            let mut c = match ctx.api {
+                Api::Chat => {
+                    json!({"id": "stanch-faq", "object": object, "created": 0, "model": model,
+                                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                }
+                _ => {
+                    json!({"id": "stanch-faq", "object": object, "created": 0, "model": model,
+                            "choices": [{"index": 0, "text": delta["content"].as_str().unwrap_or(""), "finish_reason": finish}]})
+                }
+            };
+            if with_usage {
+                c["usage"] = Value::Null;
+            }
+            c
+        };
+        let mut text = format!(
+            "data: {}\n\ndata: {}\n\n",
             chunk(json!({"role": "assistant", "content": answer}), Value::Null),
             chunk(json!({}), json!("stop"))
         );
+        if with_usage {
+            let last = json!({"id": "stanch-faq", "object": object, "created": 0, "model": model,
+                              "choices": [], "usage": no_usage});
+            text.push_str(&format!("data: {last}\n\n"));
+        }
+        text.push_str("data: [DONE]\n\n");
         let mut r = Response::new(Body::from(text));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -1247,7 +1267,7 @@ fn faq_answer(ctx: &Ctx<'_>, set: Option<&str>, outcome: &'static str) -> Respon
         );
         r
     } else {
-        let usage = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0});
+        let usage = no_usage;
         let body = match ctx.api {
             Api::Chat => {
                 json!({"id": "stanch-faq", "object": "chat.completion", "created": 0, "model": model,

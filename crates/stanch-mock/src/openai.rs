@@ -220,7 +220,13 @@ async fn generate(mock: &Mock, headers: &HeaderMap, raw: &[u8], kind: Kind) -> R
     if !stream {
         return whole(mock, kind, fault, &words, prompt_tokens).await;
     }
-    streamed(mock, kind, fault, words)
+    // As OpenAI and vLLM do with `stream_options: {include_usage: true}`: every chunk
+    // carries `"usage": null`, and a last chunk with no choices carries the usage.
+    let usage = (body["stream_options"]["include_usage"] == Value::Bool(true)).then(|| {
+        json!({"prompt_tokens": prompt_tokens, "completion_tokens": words.len(),
+               "total_tokens": prompt_tokens + words.len()})
+    });
+    streamed(mock, kind, fault, words, usage)
 }
 
 async fn whole(
@@ -270,9 +276,10 @@ fn chunk(
     content: Option<&str>,
     finish: Option<&str>,
     first: bool,
+    with_usage: bool,
 ) -> Bytes {
     let model = &mock.config.model;
-    let value = match kind {
+    let mut value = match kind {
         Kind::Chat => {
             let delta = match (content, first) {
                 (Some(c), true) => json!({"role": "assistant", "content": c}),
@@ -287,6 +294,20 @@ fn chunk(
                    "choices": [{"index": 0, "text": content.unwrap_or(""), "finish_reason": finish, "logprobs": null}]})
         }
     };
+    if with_usage {
+        value["usage"] = Value::Null;
+    }
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The last chunk of a stream that asked for usage: no choices, the usage.
+fn usage_chunk(mock: &Mock, kind: Kind, usage: &Value) -> Bytes {
+    let (id, object) = match kind {
+        Kind::Chat => ("chatcmpl-mock", "chat.completion.chunk"),
+        Kind::Completion => ("cmpl-mock", "text_completion"),
+    };
+    let value = json!({"id": id, "object": object, "created": CREATED,
+                       "model": mock.config.model, "choices": [], "usage": usage});
     Bytes::from(format!("data: {value}\n\n"))
 }
 
@@ -299,7 +320,13 @@ impl Drop for Running {
     }
 }
 
-fn streamed(mock: &Mock, kind: Kind, fault: Fault, words: Vec<&'static str>) -> Response {
+fn streamed(
+    mock: &Mock,
+    kind: Kind,
+    fault: Fault,
+    words: Vec<&'static str>,
+    usage: Option<Value>,
+) -> Response {
     let outcome = match &fault {
         Fault::Cut { .. } => "fault:cut",
         Fault::Stall { .. } => "fault:stall",
@@ -311,10 +338,18 @@ fn streamed(mock: &Mock, kind: Kind, fault: Fault, words: Vec<&'static str>) -> 
     mock.outcome(outcome);
     mock.running(1);
     let interval = mock.config.token_interval;
-    let state = (0usize, Running(mock.clone()), fault, words, kind, false);
+    let state = (
+        0usize,
+        Running(mock.clone()),
+        fault,
+        words,
+        kind,
+        false,
+        usage,
+    );
     let body = futures_util::stream::unfold(
         state,
-        move |(i, running, fault, words, kind, done)| async move {
+        move |(i, running, fault, words, kind, done, usage)| async move {
             if done {
                 return None;
             }
@@ -340,7 +375,17 @@ fn streamed(mock: &Mock, kind: Kind, fault: Fault, words: Vec<&'static str>) -> 
             }
             let finished = i >= n;
             if finished {
-                out.extend_from_slice(&chunk(mock, kind, None, Some("stop"), false));
+                out.extend_from_slice(&chunk(
+                    mock,
+                    kind,
+                    None,
+                    Some("stop"),
+                    false,
+                    usage.is_some(),
+                ));
+                if let Some(usage) = &usage {
+                    out.extend_from_slice(&usage_chunk(mock, kind, usage));
+                }
                 if fault != Fault::MissingDone {
                     out.extend_from_slice(b"data: [DONE]\n\n");
                 }
@@ -350,11 +395,18 @@ fn streamed(mock: &Mock, kind: Kind, fault: Fault, words: Vec<&'static str>) -> 
                 } else {
                     words[i].to_owned()
                 };
-                out.extend_from_slice(&chunk(mock, kind, Some(&word), None, i == 0));
+                out.extend_from_slice(&chunk(
+                    mock,
+                    kind,
+                    Some(&word),
+                    None,
+                    i == 0,
+                    usage.is_some(),
+                ));
             }
             Some((
                 Ok::<Bytes, std::io::Error>(Bytes::from(out)),
-                (i + 1, running, fault, words, kind, finished),
+                (i + 1, running, fault, words, kind, finished, usage),
             ))
         },
     );

@@ -9,4 +9,5 @@ mod process;
 mod routing;
 mod slow;
 mod support;
+mod usage;
 mod wire;

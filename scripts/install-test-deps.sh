@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
-# Installs what stanch's tests run against, when missing, from Debian's packages: a
-# real Alertmanager, Prometheus (for promtool), openssl and curl.
+# Installs what stanch's tests run against, when missing: from Debian's packages a
+# real Alertmanager, Prometheus (for promtool), openssl, curl and Python; from PyPI the
+# OpenAI Python SDK, pinned, in a virtual environment under target/.
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The OpenAI SDK the gateway is tested with (crates/stanch-gateway/tests/sdk).
+OPENAI_SDK="openai==3.57.0"
+VENV=target/test-venv
+
+install_sdk() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '${OPENAI_SDK#openai==}')" 2>/dev/null; then
+    return
+  fi
+  echo "install-test-deps: installing $OPENAI_SDK in $VENV" >&2
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "$OPENAI_SDK"
+}
 
 need=()
+command -v python3 >/dev/null 2>&1 && python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -eq 0 ]; then
+  install_sdk
   exit 0
 fi
 
@@ -29,3 +47,4 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
 fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+install_sdk

@@ -7,6 +7,7 @@ mod fleet;
 mod headers;
 mod process;
 mod routing;
+mod sdk;
 mod slow;
 mod support;
 mod usage;

@@ -166,7 +166,14 @@ fn values_from_outside_cannot_forge_log_lines() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 200);
-    drop(server);
+    // Stopped as an operator stops it: the buffered log is written out on the way.
+    let mut server = server;
+    let stopped = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    assert!(server.child.wait().unwrap().success(), "a clean stop");
     let text = std::fs::read_to_string(&log_path).unwrap();
     assert!(
         text.contains("FAKE INJECTED LINE"),

@@ -13,6 +13,7 @@ pub mod duration;
 pub mod glob;
 pub mod hash;
 pub mod headers;
+pub mod jitter;
 pub mod labels;
 pub mod reports;
 pub mod routes;

@@ -439,6 +439,5 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// ±20 % spread on a reconnect delay, so a fleet does not reconnect in step.
 fn jitter(d: Duration) -> Duration {
     let nanos = std::process::id() as u64 ^ d.as_nanos() as u64;
-    let unit = (stanch_api::hash::fnv64(&nanos.to_le_bytes()) % 1000) as f64 / 1000.0;
-    d.mul_f64(0.8 + 0.4 * unit)
+    stanch_api::jitter::spread(d, 0.2, stanch_api::hash::fnv64(&nanos.to_le_bytes()))
 }

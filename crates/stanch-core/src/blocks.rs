@@ -21,9 +21,6 @@ pub(crate) fn jittered(
     strikes: u32,
     now: Timestamp,
 ) -> Duration {
-    if policy.jitter <= 0.0 {
-        return d;
-    }
     let mut h = Fnv64::default();
     h.write(&policy.seed.to_le_bytes());
     h.write(key.endpoint.as_bytes());
@@ -31,10 +28,9 @@ pub(crate) fn jittered(
     h.write(key.model.as_deref().unwrap_or("").as_bytes());
     h.write(&strikes.to_le_bytes());
     h.write(&now.as_millis().to_le_bytes());
-    // 53 random bits give a uniform float in [0, 1).
-    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-    let factor = 1.0 + policy.jitter * (2.0 * unit - 1.0);
-    Duration::from_millis((d.as_millis() as f64 * factor).round() as u64)
+    let spread = stanch_api::jitter::spread(d, policy.jitter, h.finish());
+    // Whole milliseconds, as times are kept.
+    Duration::from_millis(spread.as_secs_f64().mul_add(1000.0, 0.5) as u64)
 }
 
 /// True when the endpoint is the only one of a pool it serves, so blocking it longer

@@ -549,15 +549,11 @@ impl Look {
 }
 
 fn jitter(d: Duration, fraction: f64, url: &str, strikes: u32) -> Duration {
-    if fraction <= 0.0 {
-        return d;
-    }
     let mut h = Fnv64::default();
     h.write(url.as_bytes());
     h.write(&strikes.to_le_bytes());
     h.write(&next_random().to_le_bytes());
-    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-    d.mul_f64(1.0 + fraction * (2.0 * unit - 1.0))
+    stanch_api::jitter::spread(d, fraction, h.finish())
 }
 
 pub use stanch_api::glob::matches as glob;

@@ -615,9 +615,12 @@ fn backoff(gw: &Gateway, attempts: u32) -> Duration {
         .0
         .saturating_mul(1 << attempts.saturating_sub(1).min(16))
         .min(r.backoff_max.0);
-    // Full jitter between half and all of it.
-    let unit = (crate::endpoints::next_random() % 1000) as f64 / 1000.0;
-    base.mul_f64(0.5 + 0.5 * unit)
+    // Between half and all of it: three quarters, ±a third.
+    stanch_api::jitter::spread(
+        base.mul_f64(0.75),
+        1.0 / 3.0,
+        crate::endpoints::next_random(),
+    )
 }
 
 /// Counts the outcome of an attempt sent at `sent`, ending now, and feeds it to the

@@ -7,8 +7,6 @@
 //! an operator's reason, a request path) cannot forge a log line or a terminal escape.
 //! JSON lines are escaped by JSON itself. Does not own what is logged.
 
-#![warn(missing_docs)]
-
 pub mod buffered;
 
 use std::fmt::{self, Write as _};

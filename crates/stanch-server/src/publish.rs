@@ -103,7 +103,8 @@ impl Publisher {
     }
 
     /// Replaces the snapshot; wakes watchers if the version changed. Never blocks.
-    pub fn publish(&self, next: Snapshot) {
+    /// Only the engine task publishes: nothing outside this crate can.
+    pub(crate) fn publish(&self, next: Snapshot) {
         let version = next.table.version;
         let epoch_changed = self.current.load().table.epoch != next.table.epoch;
         self.current.store(Arc::new(next));

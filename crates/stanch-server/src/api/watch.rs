@@ -122,8 +122,7 @@ fn jittered(wait: Duration, state: &AppState, headers: &HeaderMap) -> Duration {
     if let Some(id) = headers.get(stanch_api::headers::GATEWAY_ID) {
         h.write(id.as_bytes());
     }
-    let unit = (h.finish() % 2001) as f64 / 1000.0 - 1.0;
-    wait.mul_f64(1.0 + 0.1 * unit)
+    stanch_api::jitter::spread(wait, 0.1, h.finish())
 }
 
 /// An SSE comment line that keeps idle streams open through proxies.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use stanch_api::HumanDuration;
 
-use crate::mapping::{Action, Matcher};
+use crate::rules::{Action, Matcher};
 
 /// The default configuration `stanch serve` runs with when given no `--config`.
 pub const DEFAULT_CONFIG_YAML: &str = include_str!("default-config.yaml");

@@ -13,10 +13,12 @@ pub mod decision;
 pub mod engine;
 mod ladder;
 pub mod mapping;
+pub mod rules;
 pub mod state;
 
 pub use config::{Config, ConfigError, Problem};
 pub use decision::{Decision, ResolvedBy, Rule};
 pub use engine::{Command, Engine, Input, Step};
-pub use mapping::{Action, Condition};
+pub use mapping::Condition;
+pub use rules::Action;
 pub use state::EngineState;

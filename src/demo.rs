@@ -17,11 +17,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use stanch_api::clock::SystemClock;
 use stanch_core::Config;
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
+use stanch_server::clock::SystemClock;
 use stanch_server::{Controller, Settings};
 use tokio::time::Instant;
 
@@ -176,7 +176,7 @@ fn alert(status: &str, labels: Value, starts: &str) -> Value {
     let ends = if status == "firing" {
         "0001-01-01T00:00:00Z".to_owned()
     } else {
-        stanch_api::clock::Clock::now(&SystemClock).to_string()
+        stanch_server::clock::Clock::now(&SystemClock).to_string()
     };
     json!({"version": "4", "status": status, "receiver": "stanch",
            "alerts": [{"status": status, "labels": labels, "annotations": {}, "startsAt": starts, "endsAt": ends}]})
@@ -318,7 +318,7 @@ pub async fn run(seconds: u64, simulate_alerts: bool) -> anyhow::Result<()> {
     let failover = json!({"alertname": "StanchPoolFailing", "action": "trigger-failover", "target_model": "qwen-72b", "pool": "dc-a", "severity": "critical"});
     let saturated = json!({"alertname": "StanchKVCacheSaturated", "action": "trigger-model-degradation", "target_model": "qwen-72b", "severity": "warning"});
     let start = Instant::now();
-    let started_at = stanch_api::clock::Clock::now(&SystemClock).to_string();
+    let started_at = stanch_server::clock::Clock::now(&SystemClock).to_string();
     let mut seen = 0u64;
     let mut step = 0;
     let fault = |mock: &Mock, spec: Value| {

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use stanch_api::clock::SystemClock;
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
+use stanch_server::clock::SystemClock;
 use tokio::time::Instant;
 
 const INGEST: &str = "e2e-ingest";
@@ -90,7 +90,7 @@ struct Timeline {
 
 impl Timeline {
     fn new() -> Timeline {
-        use stanch_api::clock::Clock;
+        use stanch_server::clock::Clock;
         Timeline {
             start: Instant::now(),
             wall: SystemClock.now(),
@@ -899,7 +899,7 @@ async fn a_fault_that_returns_after_every_recovery_pins_the_model() {
 #[ignore = "a benchmark: prints numbers"]
 async fn time_to_heal() {
     use stanch_api::Timestamp;
-    use stanch_api::clock::Clock;
+    use stanch_server::clock::Clock;
     // 1 s scrapes: a 3 s rate window holds 3 to 4 samples, as the rules' 1m window does at
     // a 15 s scrape interval.
     let zero_for = with_every_for_at_zero(&fast_rules().replace("[5s]", "[3s]"));

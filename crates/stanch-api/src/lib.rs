@@ -8,7 +8,6 @@
 
 pub mod admin;
 pub mod alerts;
-pub mod clock;
 pub mod duration;
 pub mod glob;
 pub mod hash;

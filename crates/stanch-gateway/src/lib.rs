@@ -36,8 +36,8 @@ use axum::routing::get;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use secrecy::SecretString;
-use stanch_api::clock::Clock;
 use stanch_api::{RouteTable, Rung};
+use stanch_net::clock::Clock;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 

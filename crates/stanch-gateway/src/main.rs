@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use stanch_api::clock::SystemClock;
 use stanch_gateway::Gateway;
 use stanch_gateway::config::{GatewayConfig, secret};
+use stanch_net::clock::SystemClock;
 
 /// The stanch reference gateway: OpenAI-compatible, applies stanch's route table.
 #[derive(Debug, Parser)]

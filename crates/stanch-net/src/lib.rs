@@ -1,4 +1,6 @@
-//! The listener the controller and the gateway share: plain or TLS, one task per
+//! The IO the controller and the gateway share: the wall clock ([`clock`], the one
+//! place that reads it), reading request bodies ([`body`]), cheap deadlines ([`timer`]),
+//! and the listener: plain or TLS, one task per
 //! connection, TCP_NODELAY, and limits that keep a misbehaving client from holding
 //! resources: a header read timeout (slowloris) and a write deadline (a client that
 //! stops reading is disconnected, which is how slow SSE watchers and streaming callers
@@ -18,6 +20,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 pub mod body;
+pub mod clock;
 pub mod timer;
 
 use hyper_util::rt::TokioIo;

@@ -1,3 +1,3 @@
-//! The wall clock: see [`stanch_api::clock`], shared with the gateway.
+//! The wall clock: see [`stanch_net::clock`], shared with the gateway.
 
-pub use stanch_api::clock::{Clock, ManualClock, SystemClock};
+pub use stanch_net::clock::{Clock, ManualClock, SystemClock};

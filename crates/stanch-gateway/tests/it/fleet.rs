@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use stanch_api::clock::SystemClock;
 use stanch_core::Config;
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
+use stanch_net::clock::SystemClock;
 use stanch_server::{Controller, Settings};
 
 use crate::support::*;

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use stanch_api::clock::{Clock, SystemClock};
 use stanch_api::{ModelRoute, RouteTable, Rung};
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
+use stanch_net::clock::{Clock, SystemClock};
 
 pub struct Upstream {
     pub base: String,

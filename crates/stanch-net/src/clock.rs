@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use crate::Timestamp;
+use stanch_api::Timestamp;
 
 /// A source of wall-clock time.
 pub trait Clock: Send + Sync + 'static {

@@ -53,6 +53,23 @@ pub(crate) enum Error {
     Chunked(&'static str),
 }
 
+impl Error {
+    /// Whether the connection was closed or reset under the request, as an upstream
+    /// closing an idle keep-alive connection does (whether any answer came is for the
+    /// caller to tell).
+    pub(crate) fn is_closed_unread(&self) -> bool {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+        match self {
+            Error::ClosedBeforeResponse => true,
+            Error::Io(e) => matches!(
+                e.kind(),
+                BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof
+            ),
+            _ => false,
+        }
+    }
+}
+
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {
         Error::Io(e)

@@ -310,13 +310,26 @@ impl Pool {
 
     /// Sends `request` (origin-form URI, `Host` set) and waits for response headers.
     /// Cancel-safe: dropping the future closes the connection it was using.
+    ///
+    /// A kept-alive connection can be closed by the upstream just as a request goes out
+    /// on it (its idle timeout and the checkout cross): then not one byte of an answer
+    /// comes back, the upstream never read the request, and it is sent once more on a
+    /// new connection (RFC 9112 §9.3.1), so the race costs neither the caller nor the
+    /// endpoint's record. A failure after any byte came back, or on a new connection,
+    /// is the endpoint's.
     pub async fn send(&self, request: Request<RequestBody>) -> Result<Response<Body>, SendError> {
-        let mut conn = match self.shared.checkout() {
-            Some(conn) => conn,
-            // Boxed: connecting (TLS included) is the rare path, and its state would
-            // otherwise make every request's future kilobytes larger to move.
-            None => Box::pin(self.shared.connect()).await?,
-        };
+        if let Some(mut conn) = self.shared.checkout() {
+            match conn.exchange(&request).await {
+                Ok(head) => return Ok(self.respond(head, conn)),
+                Err(e) if conn.buf.is_empty() && e.is_closed_unread() => {
+                    tracing::debug!(upstream = %self.shared.target.authority, error = %e, "a kept-alive connection was closed under the request; sending it on a new one");
+                }
+                Err(e) => return Err(SendError::Http(self.shared.target.authority.clone(), e)),
+            }
+        }
+        // Boxed: connecting (TLS included) is the rare path, and its state would
+        // otherwise make every request's future kilobytes larger to move.
+        let mut conn = Box::pin(self.shared.connect()).await?;
         match conn.exchange(&request).await {
             Ok(head) => Ok(self.respond(head, conn)),
             Err(e) => Err(SendError::Http(self.shared.target.authority.clone(), e)),

@@ -6,10 +6,16 @@ use std::path::PathBuf;
 
 use crate::support::*;
 
-/// The Python with the SDK: `STANCH_TEST_PYTHON`, which `scripts/test.sh` sets.
+/// The Python with the SDK: `STANCH_TEST_PYTHON` (which `scripts/test.sh` sets), else
+/// the virtual environment `scripts/install-test-deps.sh` makes under `target/`.
 fn python() -> PathBuf {
+    let venv = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../target/test-venv/bin/python"
+    ));
     match std::env::var_os("STANCH_TEST_PYTHON") {
         Some(p) => PathBuf::from(p),
+        None if venv.exists() => venv,
         None => panic!(
             "STANCH_TEST_PYTHON is not set: run scripts/test.sh (it installs the OpenAI SDK \
              in a virtual environment), or point it at a Python with `openai` installed"

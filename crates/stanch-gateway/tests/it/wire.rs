@@ -337,3 +337,73 @@ async fn a_stream_whose_final_chunk_came_is_complete_however_the_upstream_stops(
         assert_eq!(status["endpoints"][0]["failures"], 0, "{case}: {status}");
     }
 }
+
+/// An upstream whose connections each answer one request, then, when the next request
+/// arrives on them, close: at once (`partial` empty), as an upstream whose idle timeout
+/// crossed the gateway's checkout does, or after writing `partial`.
+async fn closing_after_one(partial: &'static [u8]) -> (String, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let connections = Arc::new(AtomicU64::new(0));
+    let count = connections.clone();
+    let answer = with_length("HTTP/1.1 200 OK", "");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::Relaxed);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut requests = 0;
+                loop {
+                    // One read holds a small request whole here (loopback, one write).
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    requests += 1;
+                    if requests == 1 {
+                        socket.write_all(&answer).await.unwrap();
+                    } else {
+                        let _ = socket.write_all(partial).await;
+                        return; // Closed, the request unanswered.
+                    }
+                }
+            });
+        }
+    });
+    (base, connections)
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_closed_under_a_request_is_retried_on_a_new_one_and_not_counted() {
+    let (base, connections) = closing_after_one(b"").await;
+    let gw = in_front_of(&[&base]).await;
+    for i in 0..6 {
+        assert_eq!(content(&gw).await, "framed", "request {i}");
+    }
+    // Every request after the first met a connection closing under it.
+    assert_eq!(connections.load(Ordering::Relaxed), 6);
+    let status = gw.status().await;
+    let endpoint = &status["endpoints"][0];
+    assert_eq!(
+        endpoint["failures"], 0,
+        "the race is not the endpoint's failure: {endpoint}"
+    );
+    assert_eq!(endpoint["successes"], 6);
+}
+
+#[tokio::test]
+async fn a_connection_closed_after_part_of_an_answer_is_the_endpoints_failure() {
+    let (base, _) = closing_after_one(b"HTTP/1.1 200 OK\r\ncontent-length: 500\r\n").await;
+    let gw = in_front_of(&[&base]).await;
+    assert_eq!(content(&gw).await, "framed");
+    // The second request's connection answers part of a head, then closes: that is
+    // not the idle race, and it is not sent again on the quiet.
+    let r = gw.chat("qwen-72b", false).await;
+    let _ = r.text().await;
+    let status = gw.status().await;
+    assert!(
+        status["endpoints"][0]["failures"].as_u64().unwrap() >= 1,
+        "{status}"
+    );
+}

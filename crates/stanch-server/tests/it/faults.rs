@@ -11,7 +11,7 @@
 //!   nothing unacknowledged was published, and versions never go back;
 //! - one version number never stands for two contents.
 //!
-//! `STANCH_FAULT_CASES` sets the number of cases (default 1,500); see
+//! `STANCH_FAULT_CASES` sets the number of cases (default 2,000); see
 //! docs/operations.md for the longer run.
 
 use std::collections::BTreeMap;
@@ -385,7 +385,7 @@ fn cases() -> u32 {
     std::env::var("STANCH_FAULT_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1_500)
+        .unwrap_or(2_000)
 }
 
 #[test]

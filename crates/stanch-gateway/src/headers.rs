@@ -74,12 +74,18 @@ fn own(name: &HeaderName) -> bool {
 
 /// A new request id: 32 hex digits.
 fn new_request_id() -> HeaderValue {
-    let id = format!(
-        "{:016x}{:016x}",
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [0u8; 32];
+    let random = [
         crate::endpoints::next_random(),
-        crate::endpoints::next_random()
-    );
-    HeaderValue::from_str(&id).expect("hex digits are a header value")
+        crate::endpoints::next_random(),
+    ];
+    for (half, r) in id.chunks_exact_mut(16).zip(random) {
+        for (i, d) in half.iter_mut().enumerate() {
+            *d = HEX[(r >> (60 - 4 * i)) as usize & 0xf];
+        }
+    }
+    HeaderValue::from_bytes(&id).expect("hex digits are a header value")
 }
 
 impl Forward {
@@ -124,19 +130,24 @@ impl Forward {
     }
 }
 
-/// Copies what of an upstream answer's headers goes back to the caller into `caller`.
-pub(crate) fn from_upstream(upstream: &HeaderMap, caller: &mut HeaderMap) {
-    let connection = upstream.contains_key(header::CONNECTION);
-    caller.reserve(upstream.len());
-    for (name, value) in upstream {
-        if HOP_BY_HOP.contains(name)
-            || own(name)
-            || (connection && named_by_connection(upstream, name))
-        {
-            continue;
-        }
-        caller.append(name.clone(), value.clone());
+/// The caller's headers of an upstream answer: the upstream's, without what does not go
+/// back. The map is the upstream's own, with those removed: most answers lose one
+/// header (`Content-Length`), and copying the rest into a new map would hash each again.
+pub(crate) fn from_upstream(mut headers: HeaderMap) -> HeaderMap {
+    let connection = headers.contains_key(header::CONNECTION);
+    let withheld: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            HOP_BY_HOP.contains(name)
+                || own(name)
+                || (connection && named_by_connection(&headers, name))
+        })
+        .cloned()
+        .collect();
+    for name in &withheld {
+        headers.remove(name);
     }
+    headers
 }
 
 #[cfg(test)]
@@ -219,6 +230,15 @@ mod tests {
             m.insert(REQUEST_ID.clone(), HeaderValue::from_str(bad).unwrap());
             let fresh = Forward::from_caller(&m);
             assert_eq!(fresh.request_id.len(), 32, "{bad:?} replaced");
+            assert!(
+                fresh
+                    .request_id
+                    .as_bytes()
+                    .iter()
+                    .all(|b| b"0123456789abcdef".contains(b)),
+                "{:?}: lower-case hex",
+                fresh.request_id
+            );
         }
         let long = HeaderValue::from_str(&"x".repeat(129)).unwrap();
         let mut m = HeaderMap::new();
@@ -239,12 +259,13 @@ mod tests {
             ("content-type", "application/json"),
             ("content-length", "100"),
             ("transfer-encoding", "chunked"),
-            ("connection", "close"),
+            ("connection", "close, x-hop"),
+            ("x-hop", "named by Connection"),
+            ("keep-alive", "timeout=5"),
             ("x-stanch-attempts", "9"),
             ("x-llm-degraded", "true"),
         ]);
-        let mut caller = HeaderMap::new();
-        from_upstream(&upstream, &mut caller);
+        let caller = from_upstream(upstream);
         assert_eq!(caller["x-request-id"], "req_upstream");
         assert_eq!(caller["openai-processing-ms"], "412");
         assert_eq!(caller["x-ratelimit-remaining-tokens"], "9000");
@@ -253,6 +274,8 @@ mod tests {
             "content-length",
             "transfer-encoding",
             "connection",
+            "x-hop",
+            "keep-alive",
             "x-stanch-attempts",
             "x-llm-degraded",
         ] {

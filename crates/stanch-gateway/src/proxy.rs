@@ -210,7 +210,7 @@ fn reject(gw: &Gateway, r: Rejected, request_id: HeaderValue) -> Response {
         .rejected
         .get_or_create(&KindLabel { kind: r.code })
         .inc();
-    info!(target: "access", outcome = r.code, status = r.status.as_u16(), request_id = ?request_id, "request rejected");
+    info!(target: "access", outcome = r.code, status = r.status.as_u16(), request_id = access_id(&request_id), "request rejected");
     let mut response = openai_error(r.status, "invalid_request_error", r.code, &r.message);
     response
         .headers_mut()
@@ -729,7 +729,7 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
         if matches!(outcome, Outcome::CallerFault(_) | Outcome::ContextTooLong) {
             let mut r = Response::new(Body::from(bytes));
             *r.status_mut() = status;
-            headers::from_upstream(&head.headers, r.headers_mut());
+            *r.headers_mut() = headers::from_upstream(head.headers);
             return Attempt::Caller(outcome, r);
         }
         return Attempt::Failed(outcome);
@@ -762,7 +762,7 @@ async fn attempt(ctx: &Ctx<'_>, endpoint: &Arc<Endpoint>, deadline: Instant) -> 
                 );
                 drop(in_flight);
                 let mut r = Response::new(Body::from(answer));
-                headers::from_upstream(&head.headers, r.headers_mut());
+                *r.headers_mut() = headers::from_upstream(head.headers);
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     content_type.unwrap_or(HeaderValue::from_static("application/json")),
@@ -894,7 +894,7 @@ async fn stream(
     }
     let mut response = Response::new(Body::new(relayed));
     let h = response.headers_mut();
-    headers::from_upstream(&upstream_headers, h);
+    *h = headers::from_upstream(upstream_headers);
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
@@ -1026,7 +1026,7 @@ impl Relayed {
         if let Some((latency, _)) = &e.histograms {
             latency.observe(now.duration_since(e.started).as_secs_f64());
         }
-        info!(target: "access", model = %e.model, endpoint = %e.endpoint.url, attempts = e.attempts, outcome = outcome.label(), version = e.version, stream = true, ms = now.duration_since(e.started).as_millis() as u64, request_id = ?e.request_id, "stream finished");
+        info!(target: "access", model = e.model.as_str(), endpoint = e.endpoint.url.as_str(), attempts = e.attempts, outcome = outcome.label(), version = e.version, stream = true, ms = now.duration_since(e.started).as_millis() as u64, request_id = access_id(&e.request_id), "stream finished");
         self.waiting = None;
         let mut body = e.upstream;
         if outcome == Outcome::Success && !body.is_end_stream() {
@@ -1157,20 +1157,26 @@ fn finish(
     }
     info!(
         target: "access",
-        model = %ctx.requested,
-        tenant = %ctx.tenant_name(),
-        served = %endpoint.map_or("none", |e| e.model.as_str()),
-        endpoint = %endpoint.map_or("", |e| e.url.as_str()),
+        model = ctx.requested.as_str(),
+        tenant = ctx.tenant_name(),
+        served = endpoint.map_or("none", |e| e.model.as_str()),
+        endpoint = endpoint.map_or("", |e| e.url.as_str()),
         attempts = ctx.attempts,
         outcome,
         status = status.as_u16(),
         version = ctx.version,
         degraded = ctx.degraded,
         ms = ctx.started.elapsed().as_millis() as u64,
-        request_id = ?ctx.forward.request_id,
+        request_id = access_id(&ctx.forward.request_id),
         "request"
     );
     response
+}
+
+/// A request id as the access log writes it: as text (ids are visible ASCII: the
+/// caller's is checked, a new one is hex).
+fn access_id(id: &HeaderValue) -> &str {
+    id.to_str().unwrap_or("-")
 }
 
 /// The caller's question: the last user message, or the prompt.

@@ -11,6 +11,11 @@
 //! logged, each whole, but not necessarily in the order they were logged across
 //! threads; on a crash, up to a second of lines is lost. [`Flush`] writes everything out
 //! when the process ends normally.
+//!
+//! Buffers go round: one the writer has written out is emptied and given to the next
+//! thread that hands one over, so a logging thread fills memory already in use. A
+//! fresh buffer each time would cost the request that fills it reallocations as it
+//! grows and a page fault for each new page, which is what a latency's tail is made of.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,7 +60,17 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     dropped: AtomicU64,
+    /// Buffers written out and emptied, for reuse.
+    spare: Mutex<Vec<Vec<u8>>>,
+    /// Buffers made (tests: they should go round, not be made anew).
+    #[cfg(test)]
+    made: AtomicU64,
 }
+
+/// Emptied buffers kept for reuse at most; the rest are freed.
+const MAX_SPARE: usize = 4;
+/// Room in a buffer past `buffer_bytes`, for the line that crosses it.
+const SLACK: usize = 16 * 1024;
 
 #[derive(Default)]
 struct Queue {
@@ -107,6 +122,9 @@ impl Buffered {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             dropped: AtomicU64::new(0),
+            spare: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            made: AtomicU64::new(0),
         });
         let writer = {
             let shared = shared.clone();
@@ -138,7 +156,7 @@ impl Buffered {
                 return buf.clone();
             }
             mine.retain(|(s, _)| s.strong_count() > 0);
-            let buf = Arc::new(Mutex::new(Vec::with_capacity(4096)));
+            let buf = Arc::new(Mutex::new(self.shared.empty_buffer()));
             lock(&self.shared.threads).push(Arc::downgrade(&buf));
             mine.push((Arc::downgrade(&self.shared), buf.clone()));
             buf
@@ -147,6 +165,46 @@ impl Buffered {
 }
 
 impl Shared {
+    /// An empty buffer: a spare if there is one, else a new one with room for
+    /// `buffer_bytes` and the line that crosses it.
+    fn empty_buffer(&self) -> Vec<u8> {
+        lock(&self.spare).pop().unwrap_or_else(|| {
+            #[cfg(test)]
+            self.made.fetch_add(1, Ordering::Relaxed);
+            Vec::with_capacity(self.limits.buffer_bytes + SLACK)
+        })
+    }
+
+    /// Keeps a buffer that has been written out (or dropped) for reuse.
+    fn recycle(&self, mut buffer: Vec<u8>) {
+        buffer.clear();
+        let mut spare = lock(&self.spare);
+        // One that grew for a very long line is not kept.
+        if spare.len() < MAX_SPARE && buffer.capacity() <= 2 * (self.limits.buffer_bytes + SLACK) {
+            spare.push(buffer);
+        }
+    }
+
+    /// Takes the whole lines out of `buffer` (everything, when `all`), leaving what
+    /// follows the last newline in a spare buffer in its place.
+    fn take_lines(&self, buffer: &mut Vec<u8>, all: bool) -> Option<Vec<u8>> {
+        let whole = if all {
+            buffer.len()
+        } else {
+            buffer
+                .iter()
+                .rposition(|&c| c == b'\n')
+                .map_or(0, |p| p + 1)
+        };
+        if whole == 0 {
+            return None;
+        }
+        let mut rest = self.empty_buffer();
+        rest.extend_from_slice(&buffer[whole..]);
+        buffer.truncate(whole);
+        Some(std::mem::replace(buffer, rest))
+    }
+
     /// Hands `lines` to the writer, or drops and counts them if it is too far behind.
     fn hand_over(&self, lines: Vec<u8>) {
         let mut queue = lock(&self.queue);
@@ -154,6 +212,7 @@ impl Shared {
             drop(queue);
             let n = lines.iter().filter(|&&b| b == b'\n').count() as u64;
             self.dropped.fetch_add(n, Ordering::Relaxed);
+            self.recycle(lines);
             return;
         }
         queue.full.push(lines);
@@ -179,6 +238,7 @@ impl Shared {
             };
             for lines in full {
                 let _ = out.write_all(&lines);
+                self.recycle(lines);
             }
             self.round(&mut out, closing);
             let _ = out.flush();
@@ -199,21 +259,12 @@ impl Shared {
             threads.iter().filter_map(Weak::upgrade).collect()
         };
         for buffer in buffers {
-            let lines = {
-                let mut b = lock(&buffer);
-                // A thread may be between two writes of one line: that line waits.
-                let whole = if last {
-                    b.len()
-                } else {
-                    b.iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1)
-                };
-                if whole == 0 {
-                    continue;
-                }
-                let rest = b[whole..].to_vec();
-                std::mem::replace(&mut *b, rest)
+            // A thread may be between two writes of one line: that line waits.
+            let Some(lines) = self.take_lines(&mut lock(&buffer), last) else {
+                continue;
             };
             let _ = out.write_all(&lines);
+            self.recycle(lines);
         }
     }
 }
@@ -274,10 +325,7 @@ impl Write for Line {
             b.extend_from_slice(bytes);
             if b.len() >= self.shared.limits.buffer_bytes {
                 // Whole lines only: what follows the last newline stays for the next.
-                b.iter().rposition(|&c| c == b'\n').map(|last| {
-                    let rest = b.split_off(last + 1);
-                    std::mem::replace(&mut *b, rest)
-                })
+                self.shared.take_lines(&mut b, false)
             } else {
                 None
             }
@@ -296,8 +344,8 @@ impl Write for Line {
 impl Drop for Line {
     fn drop(&mut self) {
         if self.urgent {
-            let lines = std::mem::take(&mut *lock(&self.buffer));
-            if !lines.is_empty() {
+            let lines = self.shared.take_lines(&mut lock(&self.buffer), true);
+            if let Some(lines) = lines {
                 self.shared.hand_over(lines);
             }
         }
@@ -389,6 +437,42 @@ mod tests {
                 .iter()
                 .all(|l| l.starts_with("thread ") && l.contains(" line ")),
             "whole lines only"
+        );
+    }
+
+    /// Buffers go round: however many are filled and handed over, the number made stays
+    /// at what the threads and the queue hold at once, and a thread's buffer never
+    /// grows (no reallocation, no new pages) while lines of ordinary length fill it.
+    #[test]
+    fn buffers_are_reused_not_made_anew() {
+        let sink = Sink::default();
+        let limits = Limits {
+            buffer_bytes: 4096,
+            ..Limits::default()
+        };
+        let (writer, flush) = Buffered::new(sink.clone(), limits);
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let writer = writer.clone();
+                scope.spawn(move || {
+                    let buffer = writer.buffer();
+                    let capacity = lock(&buffer).capacity();
+                    for i in 0..5000 {
+                        let mut line = writer.make_writer();
+                        writeln!(line, "thread {t} line {i} {}", "x".repeat(i % 80)).unwrap();
+                        assert!(lock(&buffer).capacity() <= capacity, "the buffer grew");
+                    }
+                });
+            }
+        });
+        flush.now();
+        let written = text(&sink).lines().count() as u64;
+        assert_eq!(written + writer.dropped(), 20_000);
+        // 20,000 lines of ~50 bytes are some 250 buffers of 4 KiB.
+        let made = writer.shared.made.load(Ordering::Relaxed);
+        assert!(
+            made <= (4 + limits.max_queued + MAX_SPARE + 2) as u64,
+            "{made} buffers made"
         );
     }
 

@@ -16,12 +16,22 @@ use bytes::{Buf, Bytes, BytesMut};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, StatusCode, Version};
 
+#[cfg(test)]
+mod differential;
+
 /// The longest response head accepted, status line and headers together.
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// The most response headers accepted (hyper's default too).
 const MAX_HEADERS: usize = 100;
-/// The longest chunk-size or trailer line accepted.
-const MAX_LINE: usize = 4 * 1024;
+/// The most bytes of chunk extensions (`;name=value` after a chunk's size) accepted
+/// over a whole body, as hyper's client accepts; extensions are read and ignored.
+const MAX_EXTENSIONS: usize = 16 * 1024;
+/// The most trailer bytes accepted after a chunked body, and the most trailer lines
+/// (hyper's client's limits too). Trailers are checked, then dropped.
+const MAX_TRAILERS: usize = 16 * 1024;
+const MAX_TRAILER_LINES: usize = MAX_HEADERS;
+/// The most informational (1xx) responses skipped before the final one.
+const MAX_INFORMATIONAL: u32 = 16;
 
 /// Why an exchange with an upstream failed. Each message carries its cause's, since
 /// they are logged with `%` (so none is chained as a source as well).
@@ -51,6 +61,16 @@ pub(crate) enum Error {
     /// The chunked framing is broken.
     #[error("malformed chunked body: {0}")]
     Chunked(&'static str),
+    /// `101 Switching Protocols`, which the gateway never asks for.
+    #[error("an unrequested 101 Switching Protocols")]
+    UnrequestedUpgrade,
+    /// More informational (1xx) responses than [`MAX_INFORMATIONAL`] before a final one.
+    #[error("more than {MAX_INFORMATIONAL} informational responses")]
+    TooManyInformational,
+    /// `Transfer-Encoding` in an HTTP/1.0 response, whose framing is then faulty
+    /// (RFC 9112 §6.1).
+    #[error("Transfer-Encoding in an HTTP/1.0 response")]
+    TransferEncodingInHttp10,
 }
 
 impl Error {
@@ -135,14 +155,26 @@ pub(crate) struct Head {
 
 /// Parses a response head from the start of `buf` and takes it out of `buf`;
 /// `Ok(None)` while more bytes are needed. Informational (1xx) responses are taken out
-/// and skipped. Header values are slices of the bytes read, not copies.
-pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
+/// and skipped (RFC 9110 §15.2: a client must accept them unasked), at most
+/// [`MAX_INFORMATIONAL`] of them for one request, counted in `informational`; `101`
+/// is refused, since the gateway never asks to switch protocols. Header values are
+/// slices of the bytes read, not copies.
+pub(crate) fn parse_head(
+    buf: &mut BytesMut,
+    informational: &mut u32,
+) -> Result<Option<Head>, Error> {
     loop {
         let Some(head) = parse_one(buf)? else {
             return Ok(None);
         };
-        // 101 would switch protocols, which the gateway never asks for.
-        if head.status.is_informational() && head.status != StatusCode::SWITCHING_PROTOCOLS {
+        if head.status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Error::UnrequestedUpgrade);
+        }
+        if head.status.is_informational() {
+            *informational += 1;
+            if *informational > MAX_INFORMATIONAL {
+                return Err(Error::TooManyInformational);
+            }
             continue;
         }
         return Ok(Some(head));
@@ -196,11 +228,11 @@ fn parse_one(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
             .map_err(|_| Error::Head("invalid header value"))?;
         headers.append(name, value);
     }
-    let (framing, delimited) = framing(status, &headers)?;
-    let persistent = match version {
-        Version::HTTP_10 => has_token(&headers, "keep-alive"),
-        _ => !has_token(&headers, "close"),
-    };
+    let (framing, delimited) = framing(status, version, &headers)?;
+    // RFC 9112 §9.3: `close` first, whatever else the header lists; then HTTP/1.1
+    // persists, and HTTP/1.0 only with `keep-alive`.
+    let persistent = !has_token(&headers, "close")
+        && (version != Version::HTTP_10 || has_token(&headers, "keep-alive"));
     Ok(Some(Head {
         status,
         version,
@@ -236,12 +268,19 @@ fn has_token(headers: &HeaderMap, token: &str) -> bool {
 
 /// The body's framing (RFC 9112 §6.3), and whether its end can be told without the
 /// connection closing.
-fn framing(status: StatusCode, headers: &HeaderMap) -> Result<(Framing, bool), Error> {
+fn framing(
+    status: StatusCode,
+    version: Version,
+    headers: &HeaderMap,
+) -> Result<(Framing, bool), Error> {
     if status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
         return Ok((Framing::Length(0), true));
+    }
+    if version == Version::HTTP_10 && headers.contains_key(header::TRANSFER_ENCODING) {
+        return Err(Error::TransferEncodingInHttp10);
     }
     if let Some(last) = headers
         .get_all(header::TRANSFER_ENCODING)
@@ -257,7 +296,7 @@ fn framing(status: StatusCode, headers: &HeaderMap) -> Result<(Framing, bool), E
         // then close the connection.
         let clean = !headers.contains_key(header::CONTENT_LENGTH);
         return Ok(if chunked {
-            (Framing::Chunked(Chunked::Size), clean)
+            (Framing::Chunked(Chunked::default()), clean)
         } else {
             (Framing::UntilClose, false)
         });
@@ -299,16 +338,27 @@ pub(crate) enum Framing {
     UntilClose,
 }
 
-/// Where a chunked body's decoding stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Chunked {
+/// Where a chunked body's decoding stands, and how much of its bounds it has used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Chunked {
+    at: At,
+    /// Bytes of chunk extensions so far.
+    extensions: usize,
+    /// The trailer section so far (kept to be checked whole, then dropped).
+    trailers: Vec<u8>,
+    trailer_lines: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum At {
     /// Before a chunk-size line.
+    #[default]
     Size,
     /// Inside a chunk, this many bytes of it still to come.
     Data(u64),
     /// After a chunk's data, before its CRLF.
     DataEnd,
-    /// After the last chunk, among the trailer lines (which are skipped).
+    /// After the last chunk, among the trailer lines.
     Trailers,
     /// After the blank line that ends the body.
     Done,
@@ -359,7 +409,18 @@ impl Framing {
 
     /// Whether the body is complete.
     pub fn is_end(&self) -> bool {
-        matches!(self, Framing::Length(0) | Framing::Chunked(Chunked::Done))
+        match self {
+            Framing::Length(n) => *n == 0,
+            Framing::Chunked(c) => c.at == At::Done,
+            Framing::UntilClose => false,
+        }
+    }
+
+    /// Whether the connection may carry another request now: the response allows it
+    /// (`reusable`, [`Head::reusable`]), its body has ended, and nothing else has
+    /// arrived (`unread`: bytes no request asked for, which make it unusable).
+    pub fn leaves_reusable(&self, reusable: bool, unread: &[u8]) -> bool {
+        reusable && self.is_end() && unread.is_empty()
     }
 
     /// The connection closed: the end of a body read until then, else an error.
@@ -375,7 +436,7 @@ impl Framing {
     pub fn remaining(&self) -> Option<u64> {
         match self {
             Framing::Length(n) => Some(*n),
-            Framing::Chunked(Chunked::Done) => Some(0),
+            Framing::Chunked(c) if c.at == At::Done => Some(0),
             _ => None,
         }
     }
@@ -384,82 +445,127 @@ impl Framing {
 impl Chunked {
     /// Decodes from `buf`; with `data` false, stops (giving `More`) at the first data
     /// rather than take it.
+    ///
+    /// Strictly as RFC 9112 §7.1 writes it, and as hyper's client reads it: every line
+    /// ends in CRLF (a bare LF, accepted in heads, is refused here, where a lenient
+    /// parser behind a strict one is how requests are smuggled), a chunk size is hex
+    /// digits that fit in 64 bits, then optional spaces or tabs and extensions.
     fn decode(&mut self, buf: &mut BytesMut, data: bool) -> Result<Decoded, Error> {
         loop {
-            match *self {
-                Chunked::Size => {
-                    let Some(end) = line_end(buf)? else {
+            match self.at {
+                At::Size => {
+                    let Some(line) =
+                        crlf_line(buf, MAX_EXTENSIONS + 64, "a chunk-size line is too long")?
+                    else {
                         return Ok(Decoded::More);
                     };
-                    let size = chunk_size(&buf[..end])?;
-                    buf.advance(end + 1);
-                    *self = if size == 0 {
-                        Chunked::Trailers
-                    } else {
-                        Chunked::Data(size)
+                    let (size, extensions) = chunk_size(&buf[..line])?;
+                    self.extensions += extensions;
+                    if self.extensions >= MAX_EXTENSIONS {
+                        return Err(Error::Chunked("chunk extensions over 16 KiB"));
+                    }
+                    buf.advance(line + 2);
+                    self.at = match size {
+                        0 => At::Trailers,
+                        n => At::Data(n),
                     };
                 }
-                Chunked::Data(_) if !data || buf.is_empty() => return Ok(Decoded::More),
-                Chunked::Data(remaining) => {
+                At::Data(_) if !data || buf.is_empty() => return Ok(Decoded::More),
+                At::Data(remaining) => {
                     let n = buf
                         .len()
                         .min(usize::try_from(remaining).unwrap_or(usize::MAX));
-                    *self = match remaining - n as u64 {
-                        0 => Chunked::DataEnd,
-                        left => Chunked::Data(left),
+                    self.at = match remaining - n as u64 {
+                        0 => At::DataEnd,
+                        left => At::Data(left),
                     };
                     return Ok(Decoded::Data(buf.split_to(n).freeze()));
                 }
-                Chunked::DataEnd => {
-                    match buf.first() {
-                        None => return Ok(Decoded::More),
-                        Some(b'\n') => buf.advance(1),
-                        Some(b'\r') if buf.len() < 2 => return Ok(Decoded::More),
-                        Some(b'\r') if buf[1] == b'\n' => buf.advance(2),
-                        Some(_) => return Err(Error::Chunked("no CRLF after a chunk's data")),
+                At::DataEnd => {
+                    match buf.get(..2) {
+                        Some(b"\r\n") => buf.advance(2),
+                        None if buf.first().is_none_or(|&b| b == b'\r') => {
+                            return Ok(Decoded::More);
+                        }
+                        _ => return Err(Error::Chunked("no CRLF after a chunk's data")),
                     }
-                    *self = Chunked::Size;
+                    self.at = At::Size;
                 }
-                Chunked::Trailers => {
-                    let Some(end) = line_end(buf)? else {
+                At::Trailers => {
+                    let room = MAX_TRAILERS - self.trailers.len();
+                    const OVER: &str = "trailers over 16 KiB";
+                    let Some(line) = crlf_line(buf, room, OVER)? else {
                         return Ok(Decoded::More);
                     };
-                    let blank = buf[..end].iter().all(|&b| b == b'\r');
-                    buf.advance(end + 1);
-                    if blank {
-                        *self = Chunked::Done;
+                    if line + 2 > room {
+                        return Err(Error::Chunked(OVER));
                     }
+                    self.trailers.extend_from_slice(&buf[..line + 2]);
+                    buf.advance(line + 2);
+                    if line > 0 {
+                        self.trailer_lines += 1;
+                        if self.trailer_lines > MAX_TRAILER_LINES {
+                            return Err(Error::Chunked("too many trailer lines"));
+                        }
+                        continue;
+                    }
+                    // The blank line: the trailers must be header fields.
+                    let mut fields = [httparse::EMPTY_HEADER; MAX_TRAILER_LINES];
+                    match httparse::parse_headers(&self.trailers, &mut fields) {
+                        Ok(httparse::Status::Complete(_)) => {}
+                        _ => return Err(Error::Chunked("malformed trailers")),
+                    }
+                    self.trailers = Vec::new();
+                    self.at = At::Done;
                 }
-                Chunked::Done => return Ok(Decoded::End),
+                At::Done => return Ok(Decoded::End),
             }
         }
     }
 }
 
-/// Where the line at the start of `buf` ends (its `\n`), once it has.
-fn line_end(buf: &[u8]) -> Result<Option<usize>, Error> {
-    match memchr::memchr(b'\n', buf) {
-        Some(end) if end <= MAX_LINE => Ok(Some(end)),
-        None if buf.len() <= MAX_LINE => Ok(None),
-        _ => Err(Error::Chunked("a chunk-size or trailer line is too long")),
+/// The length of the line at the start of `buf` without its CRLF, once it has one; an
+/// error for a line longer than `limit`, or a CR or LF anywhere but at its end.
+fn crlf_line(buf: &[u8], limit: usize, too_long: &'static str) -> Result<Option<usize>, Error> {
+    let search = &buf[..buf.len().min(limit.saturating_add(2))];
+    match memchr::memchr2(b'\r', b'\n', search) {
+        Some(at) if search[at] == b'\n' => Err(Error::Chunked("a line ends in a bare LF")),
+        Some(at) => match buf.get(at + 1) {
+            Some(b'\n') => Ok(Some(at)),
+            Some(_) => Err(Error::Chunked("a CR not followed by LF")),
+            None => Ok(None),
+        },
+        None if buf.len() <= limit => Ok(None),
+        None => Err(Error::Chunked(too_long)),
     }
 }
 
-/// The size in a chunk-size line (hex digits, then optional extensions, which are
-/// ignored).
-fn chunk_size(line: &[u8]) -> Result<u64, Error> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
+/// The size in a chunk-size line (without its CRLF), and how many bytes of
+/// extensions follow it: hex digits, optional spaces or tabs, then `;` and
+/// extensions (ignored), or nothing.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), Error> {
     let digits = line
         .iter()
         .position(|b| !b.is_ascii_hexdigit())
         .unwrap_or(line.len());
-    let rest = line[digits..].trim_ascii_start();
-    if digits == 0 || digits > 15 || !(rest.is_empty() || rest[0] == b';') {
+    if digits == 0 {
         return Err(Error::Chunked("invalid chunk size"));
     }
-    Ok(line[..digits].iter().fold(0u64, |n, &d| {
-        n * 16 + u64::from((d as char).to_digit(16).expect("a hex digit"))
-    }))
+    let size = line[..digits].iter().try_fold(0u64, |n, &d| {
+        let d = (d as char).to_digit(16).expect("a hex digit");
+        n.checked_mul(16)?.checked_add(u64::from(d))
+    });
+    let size = size.ok_or(Error::Chunked("invalid chunk size"))?;
+    let rest = &line[digits..];
+    let spaces = rest
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(rest.len());
+    match &rest[spaces..] {
+        [] => Ok((size, 0)),
+        [b';', extensions @ ..] => Ok((size, extensions.len())),
+        _ => Err(Error::Chunked("invalid chunk size")),
+    }
 }
 
 #[cfg(test)]
@@ -467,7 +573,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str) -> Result<Option<Head>, Error> {
-        parse_head(&mut BytesMut::from(text))
+        parse_head(&mut BytesMut::from(text), &mut 0)
     }
 
     /// Decodes `wire` as a body framed by `framing`, fed to the decoder split at
@@ -519,7 +625,7 @@ mod tests {
             "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nContent-Length: 5\r\n\
              X-Rate-Limited: true\r\n\r\nhello",
         );
-        let head = parse_head(&mut buf).unwrap().unwrap();
+        let head = parse_head(&mut buf, &mut 0).unwrap().unwrap();
         assert_eq!(head.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(head.headers["retry-after"], "3");
         assert_eq!(head.headers["x-rate-limited"], "true");
@@ -536,17 +642,17 @@ mod tests {
             assert!(head(&wire[..split]).unwrap().is_none(), "split at {split}");
         }
         let head = head(wire).unwrap().unwrap();
-        assert!(matches!(head.framing, Framing::Chunked(Chunked::Size)));
+        assert!(matches!(head.framing, Framing::Chunked(_)));
     }
 
     #[test]
     fn bare_lf_heads_and_leading_blank_lines_are_read() {
         let mut buf = BytesMut::from("\r\nHTTP/1.1 200 OK\ncontent-length: 2\n\nok");
-        let head = parse_head(&mut buf).unwrap().unwrap();
+        let head = parse_head(&mut buf, &mut 0).unwrap().unwrap();
         assert!(matches!(head.framing, Framing::Length(2)));
         assert_eq!(&buf[..], b"ok");
         assert!(
-            parse_head(&mut BytesMut::from("HTTP/1.1 200 OK\r\n\r"))
+            parse_head(&mut BytesMut::from("HTTP/1.1 200 OK\r\n\r"), &mut 0)
                 .unwrap()
                 .is_none()
         );
@@ -558,13 +664,34 @@ mod tests {
             "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n\
              HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
         );
-        let head = parse_head(&mut buf).unwrap().unwrap();
+        let head = parse_head(&mut buf, &mut 0).unwrap().unwrap();
         assert_eq!(head.status, StatusCode::OK);
         assert!(buf.is_empty());
         // Only the 100 has arrived so far: it is taken, and the rest awaited.
         let mut buf = BytesMut::from("HTTP/1.1 100 Continue\r\n\r\n");
-        assert!(parse_head(&mut buf).unwrap().is_none());
+        let mut informational = 0;
+        assert!(parse_head(&mut buf, &mut informational).unwrap().is_none());
         assert!(buf.is_empty());
+        assert_eq!(informational, 1);
+        // Bounded: an upstream cannot hold a request with 1xx answers forever, however
+        // they arrive.
+        let mut buf = BytesMut::new();
+        let mut informational = 0;
+        let mut result = Ok(None);
+        for _ in 0..=MAX_INFORMATIONAL {
+            buf.extend_from_slice(b"HTTP/1.1 102 Processing\r\n\r\n");
+            result = parse_head(&mut buf, &mut informational);
+        }
+        assert!(
+            matches!(result, Err(Error::TooManyInformational)),
+            "{result:?}"
+        );
+        // 101 is never asked for.
+        let upgrade = "HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n";
+        assert!(matches!(
+            parse_head(&mut BytesMut::from(upgrade), &mut 0),
+            Err(Error::UnrequestedUpgrade)
+        ));
     }
 
     #[test]
@@ -580,6 +707,12 @@ mod tests {
         assert!(reusable(
             "HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\n"
         ));
+        assert!(
+            !reusable(
+                "HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive, close\r\n\r\n"
+            ),
+            "close wins"
+        );
         assert!(!reusable(
             "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n"
         ));
@@ -598,6 +731,11 @@ mod tests {
         assert!(error("HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n").contains("Content-Length"));
         assert!(error("SMTP ready\r\n\r\n").contains("malformed response head"));
         assert!(error("HTTP/1.1 20 OK\r\n\r\n").contains("malformed response head"));
+        // RFC 9112 §6.1: HTTP/1.0 has no transfer codings; the framing is faulty.
+        assert!(
+            error("HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n")
+                .contains("HTTP/1.0")
+        );
         // A list of one length repeated is that length.
         let repeated = head("HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\n").unwrap();
         assert!(matches!(repeated.unwrap().framing, Framing::Length(2)));
@@ -636,24 +774,18 @@ mod tests {
         let wire = b"6;ext=1\r\ndata: \r\n19\r\n{\"id\":1}\n\n{\"id\":2,\"ok\":1}\r\n0\r\nx-trailer: 1\r\n\r\n";
         let whole = b"data: {\"id\":1}\n\n{\"id\":2,\"ok\":1}".to_vec();
         for split in 0..=wire.len() {
-            let framing = Framing::Chunked(Chunked::Size);
+            let framing = Framing::Chunked(Chunked::default());
             assert_eq!(
                 decode_split(framing, wire, split),
                 (whole.clone(), true),
                 "split at {split}"
             );
         }
-        // Bare LF line ends are read too.
-        let framing = Framing::Chunked(Chunked::Size);
-        assert_eq!(
-            decode_split(framing, b"2\nhi\n0\n\n", 8),
-            (b"hi".to_vec(), true)
-        );
     }
 
     #[test]
     fn the_end_of_a_chunked_body_is_seen_with_its_last_data() {
-        let mut framing = Framing::Chunked(Chunked::Size);
+        let mut framing = Framing::Chunked(Chunked::default());
         let mut buf = BytesMut::from("5\r\n[DONE\r\n0\r\n\r\n");
         assert_eq!(
             framing.decode(&mut buf).unwrap(),
@@ -662,7 +794,7 @@ mod tests {
         assert!(framing.finish(&mut buf), "the terminator is already here");
         assert!(framing.is_end() && buf.is_empty());
         // Another chunk follows: not the end, and its data stays to be decoded.
-        let mut framing = Framing::Chunked(Chunked::Size);
+        let mut framing = Framing::Chunked(Chunked::default());
         let mut buf = BytesMut::from("1\r\na\r\n1\r\nb\r\n");
         framing.decode(&mut buf).unwrap();
         assert!(!framing.finish(&mut buf));
@@ -688,23 +820,47 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Whatever an upstream sends, the gateway gets a head, a wait or an error:
-        /// never a panic, never a loop.
+        /// Whatever an upstream sends, the gateway gets a head, a wait or an error,
+        /// never a panic or a loop, and what it takes is what was sent: the buffer
+        /// left is always the end of what arrived, a head is taken only with its
+        /// blank line, and body data is the arrived bytes in order, never more of
+        /// them than arrived.
         #[test]
         fn any_bytes_give_an_answer_or_an_error(
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
             lines in proptest::collection::vec("[a-zA-Z-]{0,6}:? ?[ -~]{0,12}\r?\n", 0..6),
         ) {
-            let _ = parse_head(&mut BytesMut::from(&bytes[..]));
             let head = format!("HTTP/1.1 200 OK\r\n{}\r\n", lines.concat());
-            let _ = parse_head(&mut BytesMut::from(head.as_str()));
-            let mut framing = Framing::Chunked(Chunked::Size);
-            let mut buf = BytesMut::from(&bytes[..]);
-            for _ in 0..=bytes.len() {
-                if !matches!(framing.decode(&mut buf), Ok(Decoded::Data(_))) {
-                    break;
+            for input in [&bytes[..], head.as_bytes()] {
+                let mut buf = BytesMut::from(input);
+                let parsed = parse_head(&mut buf, &mut 0);
+                proptest::prop_assert!(input.ends_with(&buf), "the rest is what followed");
+                if let Ok(Some(_)) = parsed {
+                    let taken = &input[..input.len() - buf.len()];
+                    proptest::prop_assert!(taken.ends_with(b"\n\n") || taken.ends_with(b"\n\r\n"));
                 }
             }
+            let mut framing = Framing::Chunked(Chunked::default());
+            let mut buf = BytesMut::from(&bytes[..]);
+            let mut data = 0;
+            let mut ended = false;
+            for _ in 0..=bytes.len() + 1 {
+                let before = buf.clone();
+                match framing.decode(&mut buf) {
+                    Ok(Decoded::Data(d)) => {
+                        // The data is the bytes just before what is left.
+                        let at = before.len() - buf.len() - d.len();
+                        proptest::prop_assert_eq!(&before[at..at + d.len()], &d[..]);
+                        proptest::prop_assert!(!d.is_empty());
+                        data += d.len();
+                    }
+                    Ok(Decoded::End) => { ended = true; break; }
+                    Ok(Decoded::More) | Err(_) => { ended = true; break; }
+                }
+                proptest::prop_assert!(bytes.ends_with(&buf));
+            }
+            proptest::prop_assert!(ended, "decoding stops within as many steps as bytes");
+            proptest::prop_assert!(data + buf.len() <= bytes.len());
         }
 
         /// A chunked body decodes to what was sent, however it is cut into chunks and
@@ -717,7 +873,7 @@ mod tests {
         ) {
             let wire = chunked(&data, &sizes);
             let split = split.min(wire.len());
-            let framing = Framing::Chunked(Chunked::Size);
+            let framing = Framing::Chunked(Chunked::default());
             proptest::prop_assert_eq!(decode_split(framing, &wire, split), (data, true));
         }
     }
@@ -725,7 +881,7 @@ mod tests {
     #[test]
     fn broken_chunked_framing_is_an_error() {
         let error = |wire: &str| {
-            let mut framing = Framing::Chunked(Chunked::Size);
+            let mut framing = Framing::Chunked(Chunked::default());
             let mut buf = BytesMut::from(wire);
             loop {
                 match framing.decode(&mut buf) {
@@ -737,9 +893,38 @@ mod tests {
         };
         assert!(error("zz\r\n").contains("invalid chunk size"));
         assert!(error("\r\n").contains("invalid chunk size"));
-        assert!(error("1000000000000000\r\n").contains("invalid chunk size"));
+        assert!(
+            error("10000000000000000\r\n").contains("invalid chunk size"),
+            "over 64 bits"
+        );
+        assert!(error("2 x\r\n").contains("invalid chunk size"));
+        // Every line ends in CRLF: a bare LF or a lone CR is refused wherever it is.
+        for wire in [
+            "2\nhi\r\n",
+            "2\r\nhi\n0\r\n\r\n",
+            "0\r\n\n",
+            "0\r\nx: 1\n\r\n",
+            "2;a\rb\r\n",
+            "2\r\nhi\rX",
+        ] {
+            let e = error(wire);
+            assert!(e.contains("LF") || e.contains("CR"), "{wire:?}: {e}");
+        }
+        // Bounded: extensions over the whole body, trailers in bytes and in lines.
+        let extensions = format!("1;{}\r\na\r\n", "e".repeat(1000)).repeat(17);
+        assert!(error(&extensions).contains("extensions"));
+        let trailers = format!(
+            "0\r\n{}",
+            format!("x-t: {}\r\n", "a".repeat(1000)).repeat(20)
+        );
+        assert!(error(&trailers).contains("trailers over"));
+        let lines = format!("0\r\n{}", "x: 1\r\n".repeat(MAX_TRAILER_LINES + 1));
+        assert!(error(&lines).contains("too many trailer lines"));
+        assert!(error("0\r\nnot a field\r\n\r\n").contains("malformed trailers"));
         assert!(error("2\r\nhiXX").contains("no CRLF"));
-        assert!(error(&"f".repeat(MAX_LINE + 1)).contains("too long"));
-        assert!(Framing::Chunked(Chunked::Data(3)).closed().is_err());
+        assert!(error(&"0".repeat(MAX_EXTENSIONS + 100)).contains("too long"));
+        let mut inside = Framing::Chunked(Chunked::default());
+        let _ = inside.decode(&mut BytesMut::from("3\r\na"));
+        assert!(inside.closed().is_err(), "closed inside a chunk");
     }
 }

@@ -351,7 +351,7 @@ impl Pool {
         let body = match framing {
             Framing::Length(n) if n <= conn.buf.len() as u64 => {
                 let whole = conn.buf.split_to(n as usize).freeze();
-                if reusable && conn.buf.is_empty() {
+                if Framing::Length(0).leaves_reusable(reusable, &conn.buf) {
                     self.shared.checkin(conn);
                 }
                 Body {
@@ -484,13 +484,19 @@ impl Conn {
         h1::encode_head(request, body.len(), &mut self.out);
         write_all(&mut self.io, &self.out, body).await?;
         self.io.flush().await?;
-        std::future::poll_fn(|cx| self.poll_head(cx)).await
+        let mut informational = 0;
+        std::future::poll_fn(|cx| self.poll_head(cx, &mut informational)).await
     }
 
-    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<h1::Head, h1::Error>> {
+    /// Reads the response head; `informational` counts the 1xx answers skipped.
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        informational: &mut u32,
+    ) -> Poll<Result<h1::Head, h1::Error>> {
         loop {
             if !self.buf.is_empty()
-                && let Some(head) = h1::parse_head(&mut self.buf)?
+                && let Some(head) = h1::parse_head(&mut self.buf, informational)?
             {
                 return Poll::Ready(Ok(head));
             }
@@ -574,7 +580,7 @@ impl Coming {
 
     /// Gives the connection back when its response has ended cleanly.
     fn give_back(self) {
-        if self.reusable && self.framing.is_end() && self.conn.buf.is_empty() {
+        if self.framing.leaves_reusable(self.reusable, &self.conn.buf) {
             self.pool.checkin(self.conn);
         }
     }

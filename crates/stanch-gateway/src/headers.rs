@@ -4,7 +4,9 @@
 //! own (hop-by-hop, RFC 9110 §7.6.1, and any the caller's `Connection` names), those the
 //! gateway sets itself (`Host`, `Content-Length`, `Content-Type`), and the caller's
 //! credentials (`Authorization`, `Proxy-Authorization`, `Cookie`, `X-Api-Key`,
-//! `Api-Key`): the endpoint's own key goes up instead. So W3C `traceparent` and
+//! `Api-Key`): the endpoint's own key goes up instead, and `Accept-Encoding`: the
+//! gateway reads answers (stream events, usage, errors), so it asks upstreams for them
+//! uncoded (the OpenAI SDK asks for gzip). So W3C `traceparent` and
 //! `tracestate`, `OpenAI-Organization`, `User-Agent` and custom headers reach the model
 //! server as sent. Every request carries an `X-Request-Id`: the caller's when it sent a
 //! usable one (1 to 128 visible ASCII characters), else a new one; it is in the access
@@ -106,6 +108,7 @@ impl Forward {
                 let withheld = HOP_BY_HOP.contains(name)
                     || CREDENTIALS.contains(name)
                     || *name == header::CONTENT_TYPE
+                    || *name == header::ACCEPT_ENCODING
                     || **name == REQUEST_ID
                     || own(name)
                     || (connection && named_by_connection(headers, name));
@@ -175,6 +178,7 @@ mod tests {
             ("host", "gateway"),
             ("content-length", "12"),
             ("content-type", "application/json"),
+            ("accept-encoding", "gzip, deflate"),
             ("x-stanch-route-version", "9"),
             (
                 "traceparent",
@@ -206,6 +210,7 @@ mod tests {
             "content-length",
             "x-stanch-route-version",
             "content-type",
+            "accept-encoding",
         ] {
             assert!(!up.contains_key(gone), "{gone} went upstream");
         }

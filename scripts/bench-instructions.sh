@@ -12,6 +12,7 @@
 # RUST_LOG sets the gateway's log level; the default is the shipped one (info: an access
 # line a request); RUST_LOG=warn measures without the access log.
 # KEEP=FILE keeps the larger run's profile for callgrind_annotate.
+# GATEWAY=BIN measures another stanch-gateway binary (a build to compare with).
 #
 # Needs valgrind (Debian: valgrind) and python3. User-space instructions only: the
 # kernel's share of a request (about half of its CPU here) is not counted.
@@ -85,7 +86,7 @@ models:
       - name: dc-a
         endpoints: [{url: 'http://127.0.0.1:$up1'}, {url: 'http://127.0.0.1:$up2'}]
 EOF
-    RUST_LOG="${RUST_LOG:-info}" valgrind --tool=callgrind --callgrind-out-file="$out" target/release/stanch-gateway \
+    RUST_LOG="${RUST_LOG:-info}" valgrind --tool=callgrind --callgrind-out-file="$out" "${GATEWAY:-target/release/stanch-gateway}" \
       --config "$dir/gateway.yaml" --listen "127.0.0.1:$port" --worker-threads 1 2>/dev/null &
   fi
   local vg=$!

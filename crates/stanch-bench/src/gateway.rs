@@ -696,7 +696,11 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         println!("round {round}: paced, {rate:.0} req/s over the same {n} connections");
         let direct = load(&mocks, body, n, Pace::Rate(rate), warm, measure).await?;
         println!("{}", line("direct to mocks", &direct));
-        for (i, (name, addr, _)) in proxies.iter().enumerate() {
+        // In the round's order too: the first measured after the saturation runs
+        // meets the writeback of their logs, and should not always be the same one.
+        let mut paced = vec![None; proxies.len()];
+        for &i in &order {
+            let (name, addr, _) = &proxies[i];
             let l = load(
                 std::slice::from_ref(addr),
                 body,
@@ -713,10 +717,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
                 show(p50),
                 show(p99)
             );
+            paced[i] = Some((p50, p99));
+        }
+        for (i, added) in paced.into_iter().enumerate() {
             results[i].push(Round {
                 throughput: saturated[i].0,
                 used: saturated[i].1,
-                added: Some((p50, p99)),
+                added,
             });
         }
     }

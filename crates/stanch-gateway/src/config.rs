@@ -426,6 +426,14 @@ impl GatewayConfig {
         if self.models.is_empty() {
             problem("models".into(), "at least one model is needed".into());
         }
+        self.validate_models(&mut problem);
+        self.validate_callers_and_faqs(&mut problem);
+        self.validate_limits(&mut problem);
+        out
+    }
+
+    /// Each model: its pools, their endpoints, and the models it names.
+    fn validate_models(&self, mut problem: impl FnMut(String, String)) {
         for (name, m) in &self.models {
             let at = format!("models.{name}");
             if m.pools.is_empty() {
@@ -450,40 +458,7 @@ impl GatewayConfig {
                 }
                 for (j, e) in pool.endpoints.iter().enumerate() {
                     let ep = format!("{at}.pools[{i}].endpoints[{j}]");
-                    if !(e.url.starts_with("http://") || e.url.starts_with("https://")) {
-                        problem(
-                            format!("{ep}.url"),
-                            format!("{:?} is not an http(s) URL", e.url),
-                        );
-                    }
-                    if let Err(why) = e
-                        .url
-                        .parse::<axum::http::Uri>()
-                        .map_err(|e| e.to_string())
-                        .and_then(|u| {
-                            if u.host().is_none_or(str::is_empty) {
-                                Err("no host".to_owned())
-                            } else if u.query().is_some() {
-                                Err("a query string cannot be joined with /v1 paths".to_owned())
-                            } else {
-                                Ok(())
-                            }
-                        })
-                    {
-                        problem(format!("{ep}.url"), format!("{:?}: {why}", e.url));
-                    }
-                    if e.weight == 0 {
-                        problem(format!("{ep}.weight"), "must be at least 1".into());
-                    }
-                    if e.capacity == 0 {
-                        problem(format!("{ep}.capacity"), "must be at least 1".into());
-                    }
-                    if e.api_key_env.is_some() && e.api_key_file.is_some() {
-                        problem(
-                            ep.clone(),
-                            "give api_key_env or api_key_file, not both".into(),
-                        );
-                    }
+                    validate_endpoint(&ep, e, &mut problem);
                 }
             }
             for (i, f) in m.fallbacks.iter().enumerate() {
@@ -511,6 +486,10 @@ impl GatewayConfig {
                 }
             }
         }
+    }
+
+    /// Tenants' keys, and FAQ sets' answers.
+    fn validate_callers_and_faqs(&self, mut problem: impl FnMut(String, String)) {
         for (i, t) in self.tenants.iter().enumerate() {
             let sources = [t.key_env.is_some(), t.key_file.is_some(), t.key.is_some()]
                 .iter()
@@ -539,6 +518,10 @@ impl GatewayConfig {
                 }
             }
         }
+    }
+
+    /// Retries, blocking, sizes, timeouts and the controller's URL.
+    fn validate_limits(&self, mut problem: impl FnMut(String, String)) {
         let r = &self.retry;
         if r.max_attempts == 0 || r.attempts_per_pool == 0 {
             problem(
@@ -602,7 +585,6 @@ impl GatewayConfig {
                 );
             }
         }
-        out
     }
 }
 
@@ -623,6 +605,44 @@ pub fn secret(
             .map_err(|e| format!("cannot read {path}: {e}"));
     }
     Ok(literal.map(|v| SecretString::from(v.clone())))
+}
+
+/// One endpoint, at `ep` in the configuration.
+fn validate_endpoint(ep: &str, e: &EndpointConfig, problem: &mut impl FnMut(String, String)) {
+    if !(e.url.starts_with("http://") || e.url.starts_with("https://")) {
+        problem(
+            format!("{ep}.url"),
+            format!("{:?} is not an http(s) URL", e.url),
+        );
+    }
+    if let Err(why) = e
+        .url
+        .parse::<axum::http::Uri>()
+        .map_err(|e| e.to_string())
+        .and_then(|u| {
+            if u.host().is_none_or(str::is_empty) {
+                Err("no host".to_owned())
+            } else if u.query().is_some() {
+                Err("a query string cannot be joined with /v1 paths".to_owned())
+            } else {
+                Ok(())
+            }
+        })
+    {
+        problem(format!("{ep}.url"), format!("{:?}: {why}", e.url));
+    }
+    if e.weight == 0 {
+        problem(format!("{ep}.weight"), "must be at least 1".into());
+    }
+    if e.capacity == 0 {
+        problem(format!("{ep}.capacity"), "must be at least 1".into());
+    }
+    if e.api_key_env.is_some() && e.api_key_file.is_some() {
+        problem(
+            ep.to_owned(),
+            "give api_key_env or api_key_file, not both".into(),
+        );
+    }
 }
 
 #[cfg(test)]

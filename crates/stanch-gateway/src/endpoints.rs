@@ -443,24 +443,7 @@ impl Endpoint {
         if h.blocked_until.is_some_and(|u| u > now) {
             return None;
         }
-        let (successes, failures) = h
-            .window
-            .within(now, policy.window.0)
-            .fold((0, 0), |(ok, failed), (o, f)| (ok + o, failed + f));
-        let total = successes + failures;
-        let trigger = if policy.consecutive_failures > 0 && in_a_row >= policy.consecutive_failures
-        {
-            Some("consecutive_failures")
-        } else if policy.window_failures > 0 && failures >= policy.window_failures {
-            Some("window_failures")
-        } else if policy.failure_rate > 0.0
-            && total >= policy.min_requests
-            && f64::from(failures) / f64::from(total) >= policy.failure_rate
-        {
-            Some("failure_rate")
-        } else {
-            None
-        }?;
+        let trigger = trigger(&h, in_a_row, policy, now)?;
         if policy.never_block.iter().any(|p| glob(p, &self.url)) {
             return None;
         }
@@ -530,6 +513,33 @@ impl Health {
     fn observe(&mut self, kind: Kind, ms: f64, now: Instant) {
         let slot = &mut self.cost[kind as usize];
         *slot = Some(PeakEwma::observe(*slot, ms, now));
+    }
+}
+
+/// What, if anything, a failure `in_a_row` makes a block: consecutive failures, then
+/// failures in the window, then the failure rate over the window's requests.
+fn trigger(
+    h: &Health,
+    in_a_row: u32,
+    policy: &BlockingPolicy,
+    now: Instant,
+) -> Option<&'static str> {
+    let (successes, failures) = h
+        .window
+        .within(now, policy.window.0)
+        .fold((0, 0), |(ok, failed), (o, f)| (ok + o, failed + f));
+    let total = successes + failures;
+    if policy.consecutive_failures > 0 && in_a_row >= policy.consecutive_failures {
+        Some("consecutive_failures")
+    } else if policy.window_failures > 0 && failures >= policy.window_failures {
+        Some("window_failures")
+    } else if policy.failure_rate > 0.0
+        && total >= policy.min_requests
+        && f64::from(failures) / f64::from(total) >= policy.failure_rate
+    {
+        Some("failure_rate")
+    } else {
+        None
     }
 }
 

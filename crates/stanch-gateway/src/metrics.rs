@@ -257,7 +257,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Registers every metric.
+    /// Registers every metric: one registration a family, in the order `/metrics` lists
+    /// them (long, and flat on purpose: it is the catalogue).
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("stanch_gateway");
         let histogram = || WorkerHistogram::new(exponential_buckets(0.000_5, 2.0, 18));

@@ -22,6 +22,8 @@
 //! keep-alive; [`Pool::sweep`], run every second, closes the ones the upstream has
 //! closed or that have aged out, so none lingers half-closed.
 
+pub(crate) mod h1;
+
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -43,8 +45,8 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::either::Either;
 
-use crate::h1::{self, Decoded, Framing};
 use crate::per_worker::PerWorker;
+use h1::{Decoded, Framing};
 
 /// Idle connections kept per endpoint and worker thread at most; a burst beyond this
 /// opens and closes.

@@ -1,0 +1,450 @@
+//! Attempt: the plan's targets in order, an endpoint at a time, until one answers.
+//!
+//! Within a pool, the balancer chooses among the endpoints not yet tried (blocked ones
+//! last); every attempt after the first waits a jittered backoff and spends from the
+//! retry budget, and none starts past the request's deadline or its `max_attempts`.
+//! An attempt's [`Failure`] says what trying again can do: another endpoint, a model
+//! with a larger context, or nothing (the caller's fault, whose answer is passed on).
+//! When every target has failed, the FAQ answers (or, for embeddings, a `503`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use stanch_api::headers::RATE_LIMITED;
+use stanch_net::body::{BodyError, BodyLimits, read_whole};
+use stanch_net::timer::timeout_at;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::Gateway;
+use crate::admit::Ctx;
+use crate::endpoints::{Endpoint, Kind, Work, choose};
+use crate::error::{Failure, Retry};
+use crate::headers;
+use crate::metrics::{AttemptLabels, KindLabel, ModelLabel};
+use crate::outcome::{Outcome, classify_status, retry_after};
+use crate::route::{plan, table_block};
+use crate::upstream::{self, SendError};
+
+/// The most of an upstream error body read, to classify it.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// Serves the request from `model`'s plan, and answers it.
+pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
+    let gw = ctx.gw;
+    let mut targets = plan(gw, model, ctx.table.as_deref(), ctx.wall);
+    let mut redirected = false;
+    let mut tried: Vec<&Endpoint> = Vec::new();
+    let deadline = ctx.started + gw.config.timeouts.total.0;
+    let mut t = 0;
+    'targets: while t < targets.len() {
+        let (m, _) = targets[t];
+        for _ in 0..gw.config.retry.attempts_per_pool {
+            let endpoint = match next(ctx, &targets, t, &tried, deadline).await {
+                Next::Try(endpoint) => endpoint,
+                Next::PoolDone => break,
+                Next::Stop => break 'targets,
+            };
+            tried.push(endpoint);
+            ctx.attempts += 1;
+            let failure = match attempt(ctx, endpoint, deadline).await {
+                Ok(answer) => {
+                    return crate::respond::finish(ctx, answer, Some(endpoint), "success");
+                }
+                Err(failure) => failure,
+            };
+            match failure.retry() {
+                Retry::Elsewhere => {
+                    if failure.outcome.excludes_endpoint() {
+                        warn!(endpoint = %endpoint.url, outcome = failure.outcome.label(), "too slow; not retried for this request");
+                    }
+                }
+                Retry::LargerContext if !redirected => {
+                    let larger = gw
+                        .config
+                        .models
+                        .get(m)
+                        .and_then(|c| c.larger_context.as_deref());
+                    if let Some(larger) = larger {
+                        redirected = true;
+                        count_fallback(gw, "larger_context");
+                        targets = plan(gw, larger, ctx.table.as_deref(), ctx.wall);
+                        t = 0;
+                        continue 'targets;
+                    }
+                    return pass_on(ctx, failure, endpoint);
+                }
+                Retry::LargerContext | Retry::Never => return pass_on(ctx, failure, endpoint),
+            }
+        }
+        t += 1;
+        if let Some((next, _)) = targets.get(t) {
+            count_fallback(gw, if *next == m { "pool" } else { "model" });
+        }
+    }
+    if ctx.api.answers_from_faq() {
+        count_fallback(gw, "faq");
+        let faq = gw.config.models.get(model).and_then(|m| m.faq.as_deref());
+        return crate::respond::faq(ctx, faq, "faq_fallback");
+    }
+    crate::respond::exhausted(ctx)
+}
+
+/// The upstream's own answer to a request it refused, as it came.
+fn pass_on(ctx: &Ctx<'_>, failure: Failure, endpoint: &Endpoint) -> Response {
+    let label = failure.outcome.label();
+    let answer = failure
+        .answer
+        .expect("a failure passed on carries the upstream's answer");
+    crate::respond::finish(ctx, answer, Some(endpoint), label)
+}
+
+fn count_fallback(gw: &Gateway, kind: &'static str) {
+    gw.metrics
+        .fallbacks
+        .get_or_create(&KindLabel { kind })
+        .inc();
+}
+
+/// What to do next within the target `targets[t]`.
+enum Next<'g> {
+    /// Attempt this endpoint.
+    Try(&'g Arc<Endpoint>),
+    /// Nothing more in this pool: the next target.
+    PoolDone,
+    /// No more attempts for this request (its deadline, its `max_attempts`, the
+    /// retry budget).
+    Stop,
+}
+
+/// The next endpoint to attempt in `targets[t]`, after the backoff a retry waits.
+async fn next<'g>(
+    ctx: &Ctx<'g>,
+    targets: &[(&'g str, usize)],
+    t: usize,
+    tried: &[&Endpoint],
+    deadline: Instant,
+) -> Next<'g> {
+    let gw: &'g Gateway = ctx.gw;
+    let (m, p) = targets[t];
+    let endpoints = &gw.models[m].pools[p].1;
+    let now = if ctx.attempts == 0 {
+        ctx.started
+    } else {
+        Instant::now()
+    };
+    if ctx.attempts >= gw.config.retry.max_attempts || now >= deadline {
+        return Next::Stop;
+    }
+    let untried = |e: &Endpoint| !tried.iter().any(|t| std::ptr::eq(*t, e));
+    let candidates: Vec<&Endpoint> = endpoints
+        .iter()
+        .map(Arc::as_ref)
+        .filter(|e| untried(e))
+        .collect();
+    if candidates.is_empty() {
+        return Next::PoolDone;
+    }
+    if ctx.attempts > 0 {
+        if !gw.budget.try_retry(now) {
+            gw.metrics.budget_exhausted.inc();
+            return Next::Stop;
+        }
+        gw.metrics
+            .retries
+            .get_or_create(&ModelLabel {
+                model: ctx.model.to_owned(),
+            })
+            .inc();
+        tokio::time::sleep(backoff(gw, ctx.attempts)).await;
+    }
+    // Time left on the route table's block of an endpoint, if any.
+    let (table, wall) = (ctx.table.as_deref(), ctx.wall);
+    let blocked = |e: &Endpoint| {
+        table
+            .and_then(|t| table_block(t, e, wall))
+            .map(|until| until.since(wall))
+    };
+    let kind = if ctx.stream {
+        Kind::Stream
+    } else {
+        Kind::Whole
+    };
+    let slow_start = gw.config.blocking.slow_start.0;
+    let Some((chosen, all_blocked)) = choose(&candidates, blocked, kind, now, slow_start) else {
+        return Next::PoolDone;
+    };
+    if all_blocked {
+        // Blocked is the lowest priority across the model's pools: a later pool with
+        // an open endpoint comes first. Another model does not: changing the model on
+        // blocks alone would degrade callers that the ladder has not.
+        let open_later = targets[t + 1..]
+            .iter()
+            .filter(|(m2, _)| *m2 == m)
+            .flat_map(|(m2, p2)| &gw.models[*m2].pools[*p2].1)
+            .any(|e| untried(e) && e.blocked(now).is_none() && blocked(e).is_none());
+        if open_later {
+            return Next::PoolDone;
+        }
+        gw.metrics.all_blocked.inc();
+    }
+    let endpoint = endpoints
+        .iter()
+        .find(|e| std::ptr::eq(e.as_ref(), chosen))
+        .expect("chosen from this pool");
+    Next::Try(endpoint)
+}
+
+/// A retry's wait: `backoff_base` doubling with each attempt up to `backoff_max`,
+/// jittered to between half and all of it.
+fn backoff(gw: &Gateway, attempts: u32) -> Duration {
+    let r = &gw.config.retry;
+    let base = r
+        .backoff_base
+        .0
+        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
+        .min(r.backoff_max.0);
+    // Between half and all of it: three quarters, ±a third.
+    stanch_api::jitter::spread(
+        base.mul_f64(0.75),
+        1.0 / 3.0,
+        crate::endpoints::next_random(),
+    )
+}
+
+/// One attempt at `endpoint`: the answer, or why there is none.
+async fn attempt(
+    ctx: &Ctx<'_>,
+    endpoint: &Arc<Endpoint>,
+    deadline: Instant,
+) -> Result<Response, Failure> {
+    let gw = ctx.gw;
+    let mut request = endpoint.post(ctx.api as usize, payload(ctx, endpoint));
+    ctx.forward.onto(request.headers_mut());
+    let in_flight = endpoint.start();
+    let sent = Instant::now();
+    let first_byte = (sent + gw.config.timeouts.first_byte.0).min(deadline);
+    let response = match timeout_at(first_byte, endpoint.conns.send(request)).await {
+        Err(_) => return Err(record(gw, endpoint, Failure::new(Outcome::NoHeaders), sent)),
+        Ok(Err(e)) => {
+            // A TLS failure is a configuration problem (trust, name) more than an outage:
+            // worth a warning, but not one per request.
+            if matches!(e, SendError::Tls(..)) && endpoint.conns.tls_warning_due() {
+                warn!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
+            } else {
+                debug!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
+            }
+            return Err(record(
+                gw,
+                endpoint,
+                Failure::new(Outcome::Connect).because(e),
+                sent,
+            ));
+        }
+        Ok(Ok(r)) => r,
+    };
+    if !response.status().is_success() {
+        return Err(refused(gw, endpoint, response, sent).await);
+    }
+    let is_stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if ctx.stream && is_stream {
+        let (head, body) = response.into_parts();
+        return crate::stream::commit(ctx, endpoint, head.headers, body, sent, in_flight).await;
+    }
+    let answer = whole(gw, endpoint, response, sent, deadline).await;
+    drop(in_flight);
+    answer
+}
+
+/// The caller's bytes, untouched unless the upstream names the model differently.
+fn payload(ctx: &Ctx<'_>, endpoint: &Endpoint) -> Bytes {
+    match &endpoint.upstream_model {
+        Some(name) if *name != ctx.requested => {
+            let mut body: Value = serde_json::from_slice(&ctx.raw).unwrap_or_default();
+            body["model"] = Value::String(name.clone());
+            Bytes::from(serde_json::to_vec(&body).expect("JSON serializes"))
+        }
+        _ => ctx.raw.clone(),
+    }
+}
+
+/// An error status, classified with the start of its body; a caller's fault keeps the
+/// upstream's answer to pass on.
+async fn refused(
+    gw: &Gateway,
+    endpoint: &Endpoint,
+    response: hyper::Response<upstream::Body>,
+    sent: Instant,
+) -> Failure {
+    let status = response.status();
+    let wait = retry_after(
+        response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let local = response
+        .headers()
+        .get(RATE_LIMITED)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+    let (head, body) = response.into_parts();
+    let bytes = read_limited(body, Duration::from_secs(2)).await;
+    let outcome = classify_status(status.as_u16(), wait, local, &bytes);
+    let failure = record(gw, endpoint, Failure::new(outcome), sent);
+    match failure.retry() {
+        Retry::Elsewhere => failure,
+        Retry::Never | Retry::LargerContext => {
+            let mut answer = Response::new(Body::from(bytes));
+            *answer.status_mut() = status;
+            *answer.headers_mut() = headers::from_upstream(head.headers);
+            failure.answered(answer)
+        }
+    }
+}
+
+/// A whole (non-streamed) answer, read within the deadline and `max_response_bytes`.
+async fn whole(
+    gw: &Gateway,
+    endpoint: &Endpoint,
+    response: hyper::Response<upstream::Body>,
+    sent: Instant,
+    deadline: Instant,
+) -> Result<Response, Failure> {
+    let limit = gw.config.max_response_bytes;
+    let within = BodyLimits {
+        max_bytes: limit,
+        timeout: deadline.saturating_duration_since(Instant::now()),
+        min_rate: 0,
+    };
+    let (head, body) = response.into_parts();
+    let content_type = head.headers.get(header::CONTENT_TYPE).cloned();
+    let answer = match read_whole(body, &within, None).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            let failure = match e {
+                BodyError::TooLarge(_) => {
+                    warn!(endpoint = %endpoint.url, limit, "an answer larger than max_response_bytes");
+                    Failure::new(Outcome::TooLarge)
+                }
+                BodyError::Broken(e) => {
+                    debug!(endpoint = %endpoint.url, error = %e, "the answer broke off");
+                    Failure::new(Outcome::Truncated).because(e)
+                }
+                BodyError::TimedOut(_) | BodyError::Busy => Failure::new(Outcome::Stalled),
+            };
+            return Err(record(gw, endpoint, failure, sent));
+        }
+    };
+    let now = Instant::now();
+    let work = Work::Whole(crate::json::work_units(&answer));
+    record_latency(
+        gw,
+        endpoint,
+        &Outcome::Success,
+        sent,
+        now.duration_since(sent),
+        work,
+        now,
+    );
+    let mut r = Response::new(Body::from(answer));
+    *r.headers_mut() = headers::from_upstream(head.headers);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        content_type.unwrap_or(HeaderValue::from_static("application/json")),
+    );
+    Ok(r)
+}
+
+/// The start of an error body, at most `ERROR_BODY_LIMIT` bytes, whatever arrives
+/// `within`: enough to classify it.
+async fn read_limited(mut body: upstream::Body, within: Duration) -> Bytes {
+    let mut out = Vec::new();
+    let until = Instant::now() + within;
+    while out.len() < ERROR_BODY_LIMIT {
+        match timeout_at(until, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(&data);
+                }
+            }
+            Ok(Some(Err(_)) | None) | Err(_) => break,
+        }
+    }
+    out.truncate(ERROR_BODY_LIMIT);
+    Bytes::from(out)
+}
+
+/// Counts a failed attempt sent at `sent`, ending now, and feeds it to the endpoint's
+/// passive blocking, for one unit of work; gives the failure back.
+pub(crate) fn record(
+    gw: &Gateway,
+    endpoint: &Endpoint,
+    failure: Failure,
+    sent: Instant,
+) -> Failure {
+    let now = Instant::now();
+    let latency = now.duration_since(sent);
+    record_latency(
+        gw,
+        endpoint,
+        &failure.outcome,
+        sent,
+        latency,
+        Work::Whole(1),
+        now,
+    );
+    failure
+}
+
+/// Counts the outcome of an attempt sent at `sent` and feeds it to the endpoint's
+/// passive blocking, with the latency the endpoint is judged by and what it measured
+/// (a stream's is its time to first token, however long the answer then took; a whole
+/// answer's is per unit of its work).
+pub(crate) fn record_latency(
+    gw: &Gateway,
+    endpoint: &Endpoint,
+    outcome: &Outcome,
+    sent: Instant,
+    latency: Duration,
+    work: Work,
+    now: Instant,
+) {
+    match (outcome, endpoint.hot.get()) {
+        (Outcome::Success, Some(hot)) => {
+            hot.attempts_ok.inc();
+        }
+        _ => {
+            gw.metrics
+                .attempts
+                .get_or_create(&AttemptLabels {
+                    model: endpoint.model.clone(),
+                    pool: endpoint.pool.clone(),
+                    endpoint: endpoint.url.clone(),
+                    outcome: outcome.label(),
+                })
+                .inc();
+        }
+    }
+    let blocking = &gw.config.blocking;
+    if let Some(block) =
+        endpoint.record(outcome, sent, latency, work, blocking, now, gw.clock.now())
+    {
+        gw.metrics
+            .blocks
+            .get_or_create(&KindLabel {
+                kind: block.trigger,
+            })
+            .inc();
+        warn!(endpoint = %endpoint.url, model = %endpoint.model, ttl = ?block.ttl, strikes = block.strikes, trigger = block.trigger, "endpoint blocked");
+    }
+}

@@ -1,0 +1,153 @@
+//! Why an attempt at an endpoint failed, as a value, in the manner of Pingora's error
+//! type: what happened (an [`Outcome`], which the metrics and passive blocking count),
+//! what trying again can do about it ([`Retry`]), and the cause underneath (an I/O or
+//! protocol error), kept for the log. The cause is never written into an answer: the
+//! caller gets the gateway's own words, or the upstream's answer as it came.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use axum::response::Response;
+
+use crate::outcome::Outcome;
+
+/// What trying again can do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Another endpoint may answer: the next one the plan and the budget allow.
+    Elsewhere,
+    /// The request is at fault (a 4xx the caller must fix): no endpoint would answer
+    /// better, so the upstream's answer goes to the caller as it is.
+    Never,
+    /// The prompt is longer than the model's context: a model with a larger one
+    /// (`larger_context`) may answer; without one, as [`Retry::Never`].
+    LargerContext,
+}
+
+impl Outcome {
+    /// What trying again can do after this outcome.
+    pub(crate) fn retry(&self) -> Retry {
+        match self {
+            Outcome::CallerFault(_) => Retry::Never,
+            Outcome::ContextTooLong => Retry::LargerContext,
+            _ => Retry::Elsewhere,
+        }
+    }
+}
+
+/// A failed attempt.
+pub(crate) struct Failure {
+    /// What happened, as counted.
+    pub(crate) outcome: Outcome,
+    /// The upstream's answer, when it is one to pass on ([`Retry::Never`] and
+    /// [`Retry::LargerContext`]).
+    pub(crate) answer: Option<Response>,
+    /// The error underneath, for the log.
+    cause: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl Failure {
+    /// A failure with no cause beyond its outcome (a timeout, an error status).
+    pub(crate) fn new(outcome: Outcome) -> Failure {
+        Failure {
+            outcome,
+            answer: None,
+            cause: None,
+        }
+    }
+
+    /// The same failure, caused by `cause`.
+    pub(crate) fn because(self, cause: impl Into<Box<dyn StdError + Send + Sync>>) -> Failure {
+        Failure {
+            cause: Some(cause.into()),
+            ..self
+        }
+    }
+
+    /// The same failure, with the upstream's answer to pass on.
+    pub(crate) fn answered(self, answer: Response) -> Failure {
+        Failure {
+            answer: Some(answer),
+            ..self
+        }
+    }
+
+    /// What trying again can do.
+    pub(crate) fn retry(&self) -> Retry {
+        self.outcome.retry()
+    }
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Failure")
+            .field("outcome", &self.outcome)
+            .field("answered", &self.answer.as_ref().map(Response::status))
+            .field("cause", &self.cause)
+            .finish()
+    }
+}
+
+/// The outcome's label, then each cause in turn: `connect_error: HTTP exchange with
+/// up:8000: connection: reset by peer`.
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.outcome.label())?;
+        let mut cause = self
+            .cause
+            .as_deref()
+            .map(|c| c as &(dyn StdError + 'static));
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+impl StdError for Failure {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|c| c as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("exchange with up:8000")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_failure_shows_its_outcome_then_every_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let failure = Failure::new(Outcome::Connect).because(Outer(io));
+        assert_eq!(
+            failure.to_string(),
+            "connect_error: exchange with up:8000: reset by peer"
+        );
+        assert!(failure.source().is_some());
+        assert_eq!(Failure::new(Outcome::NoHeaders).to_string(), "no_headers");
+    }
+
+    #[test]
+    fn only_the_callers_faults_stop_the_retries() {
+        for outcome in [
+            Outcome::Connect,
+            Outcome::NoHeaders,
+            Outcome::ServerError(503),
+            Outcome::RateLimited { retry_after: None },
+            Outcome::Quota,
+            Outcome::UpstreamAuth(401),
+            Outcome::Truncated,
+            Outcome::LocalRateLimited,
+        ] {
+            assert_eq!(outcome.retry(), Retry::Elsewhere, "{outcome:?}");
+        }
+        assert_eq!(Outcome::CallerFault(400).retry(), Retry::Never);
+        assert_eq!(Outcome::ContextTooLong.retry(), Retry::LargerContext);
+    }
+}

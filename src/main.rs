@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use stanch_core::Config;
 use stanch_server::auth::Tokens;
 use stanch_server::clock::SystemClock;
+use stanch_server::config::ConfigFile;
 use stanch_server::net::ConnLimits;
 use stanch_server::{Controller, Settings};
 
@@ -123,25 +123,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_config(path: Option<&Path>) -> Result<Config, String> {
+fn load_config(path: Option<&Path>) -> Result<ConfigFile, String> {
     match path {
-        None => Ok(Config::default_config()),
+        None => Ok(ConfigFile::default_file()),
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            Config::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))
+            ConfigFile::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))
         }
     }
 }
 
 fn check_config(file: &Path) -> ExitCode {
     match load_config(Some(file)) {
-        Ok(config) => {
-            let models = config.models.keys().cloned().collect::<Vec<_>>().join(", ");
+        Ok(ConfigFile { policy, .. }) => {
+            let models = policy.models.keys().cloned().collect::<Vec<_>>().join(", ");
             eprintln!(
                 "{}: ok ({} model(s): {models})",
                 file.display(),
-                config.models.len()
+                policy.models.len()
             );
             ExitCode::SUCCESS
         }
@@ -172,7 +172,7 @@ fn token(env: &str, file: Option<&String>) -> Result<Option<String>, String> {
 fn serve(args: ServeArgs) -> ExitCode {
     // Held to the end, so what is buffered is written out.
     let _logging = init_logging(args.log_format);
-    let config = match load_config(args.config.as_deref()) {
+    let ConfigFile { policy, server } = match load_config(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}");
@@ -180,7 +180,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let auth = &config.auth;
+    let auth = &server.auth;
     let tokens = (|| {
         Ok::<_, String>(Tokens::new(
             token("STANCH_INGEST_TOKEN", auth.ingest_token_file.as_ref())?,
@@ -190,7 +190,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     })();
     let am_token = token(
         "STANCH_ALERTMANAGER_TOKEN",
-        config
+        server
             .alertmanager
             .as_ref()
             .and_then(|a| a.token_file.as_ref()),
@@ -213,7 +213,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         return ExitCode::from(EXIT_CONFIG);
     }
     let settings = Settings {
-        config,
+        config: policy,
+        server,
         data_dir: match args.store {
             StoreKind::File => Some(args.data_dir),
             StoreKind::Memory => None,

@@ -1,7 +1,9 @@
 //! The configuration model and its validation.
 //!
 //! Policy lives here: models and their pools, the ladder's timings, blocking, alert
-//! mappings. Ports, paths and log format are flags of the binary, not config. Parsing
+//! mappings. The controller's own settings in the same file (intake and watch limits,
+//! history bounds, token files, Alertmanager) are `stanch_server::config`'s; ports,
+//! paths and log format are flags of the binary, not config. Parsing
 //! is strict (`deny_unknown_fields`), and [`Config::validate`] reports every problem
 //! with its path, not just the first.
 
@@ -43,21 +45,6 @@ pub struct Config {
     /// `action` label convention.
     #[serde(default)]
     pub mappings: Vec<MappingConfig>,
-    /// Reconciliation against Alertmanager's API.
-    #[serde(default)]
-    pub alertmanager: Option<AlertmanagerConfig>,
-    /// Where the role tokens come from, when not from the environment.
-    #[serde(default)]
-    pub auth: AuthConfig,
-    /// Intake limits.
-    #[serde(default)]
-    pub intake: IntakeConfig,
-    /// Watch protocol limits.
-    #[serde(default)]
-    pub watch: WatchConfig,
-    /// Audit history limits.
-    #[serde(default)]
-    pub history: HistoryConfig,
     /// Start in dry-run: decide and report, publish nothing new.
     #[serde(default)]
     pub dry_run: bool,
@@ -313,113 +300,6 @@ pub struct MappingConfig {
     pub endpoint_label: Option<String>,
 }
 
-/// Reconciliation against Alertmanager's API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AlertmanagerConfig {
-    /// Alertmanager's base URL, e.g. `http://alertmanager:9093`.
-    pub url: String,
-    /// The receiver that routes to stanch; only its alerts are reconciled.
-    pub receiver: String,
-    /// How often to reconcile when no notification asks for it.
-    #[serde(default = "default_reconcile_interval")]
-    pub interval: HumanDuration,
-    /// A file holding a bearer token for Alertmanager, if it needs one.
-    #[serde(default)]
-    pub token_file: Option<String>,
-}
-
-fn default_reconcile_interval() -> HumanDuration {
-    HumanDuration::secs(60)
-}
-
-/// Files holding role tokens; the environment (`STANCH_*_TOKEN`) wins over them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthConfig {
-    /// Token for alert intake and gateway reports.
-    #[serde(default)]
-    pub ingest_token_file: Option<String>,
-    /// Token for overrides.
-    #[serde(default)]
-    pub admin_token_file: Option<String>,
-    /// Token for routes, status and history.
-    #[serde(default)]
-    pub read_token_file: Option<String>,
-}
-
-/// Intake limits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IntakeConfig {
-    /// Request bodies above this are refused with 413.
-    pub max_body_bytes: usize,
-    /// A request's body must arrive within this of its headers, extended by a second
-    /// for every `body_min_rate` bytes received; past it the sender gets 408 and the
-    /// connection is closed, so a stalled sender holds neither a connection nor memory.
-    pub body_timeout: HumanDuration,
-    /// Bytes a second that extend `body_timeout` by a second each; 0 extends nothing.
-    pub body_min_rate: u64,
-    /// The bytes that request bodies still arriving may hold together; past it a
-    /// request gets 503 (Alertmanager retries).
-    pub max_partial_body_bytes: usize,
-}
-
-impl Default for IntakeConfig {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 1024 * 1024,
-            body_timeout: HumanDuration::secs(10),
-            body_min_rate: 64 * 1024,
-            max_partial_body_bytes: 16 * 1024 * 1024,
-        }
-    }
-}
-
-/// Watch protocol limits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WatchConfig {
-    /// The longest long-poll wait a client may ask for.
-    pub max_wait: HumanDuration,
-    /// SSE comment interval, so proxies keep the stream open.
-    pub heartbeat: HumanDuration,
-    /// An SSE client that has not taken an event for this long is disconnected.
-    pub slow_client_timeout: HumanDuration,
-    /// The most watchers at once; more are refused with 503.
-    pub max_watchers: usize,
-}
-
-impl Default for WatchConfig {
-    fn default() -> Self {
-        Self {
-            max_wait: HumanDuration::secs(60),
-            heartbeat: HumanDuration::secs(15),
-            slow_client_timeout: HumanDuration::secs(10),
-            max_watchers: 10_000,
-        }
-    }
-}
-
-/// Audit history limits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HistoryConfig {
-    /// Entries kept in memory for `GET /v1/history`.
-    pub max_entries: usize,
-    /// The JSON-lines file under the data dir is rotated above this size.
-    pub max_file_bytes: u64,
-}
-
-impl Default for HistoryConfig {
-    fn default() -> Self {
-        Self {
-            max_entries: 10_000,
-            max_file_bytes: 64 * 1024 * 1024,
-        }
-    }
-}
-
 /// One problem found in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -524,10 +404,6 @@ impl Config {
             ("ladder.flap.hold", ladder.flap.hold),
             ("blocking.ttl", self.blocking.ttl),
             ("alerts.resolve_timeout", self.alerts.resolve_timeout),
-            ("watch.max_wait", self.watch.max_wait),
-            ("watch.heartbeat", self.watch.heartbeat),
-            ("watch.slow_client_timeout", self.watch.slow_client_timeout),
-            ("intake.body_timeout", self.intake.body_timeout),
         ] {
             if d.0.is_zero() {
                 problem(path.into(), "must be longer than 0s".into());
@@ -549,13 +425,7 @@ impl Config {
             ("blocking.fleet.window", self.blocking.fleet.window),
             ("ladder.min_dwell", ladder.min_dwell),
             ("alerts.remember_resolved", self.alerts.remember_resolved),
-        ]
-        .into_iter()
-        .chain(
-            self.alertmanager
-                .as_ref()
-                .map(|a| ("alertmanager.interval", a.interval)),
-        ) {
+        ] {
             if d > MAX_POLICY_DURATION {
                 problem(
                     path.into(),
@@ -662,32 +532,6 @@ impl Config {
                     "block-endpoint needs the label naming the endpoint".into(),
                 );
             }
-        }
-        if let Some(am) = &self.alertmanager {
-            if !(am.url.starts_with("http://") || am.url.starts_with("https://")) {
-                problem(
-                    "alertmanager.url".into(),
-                    format!("{:?} is not an http(s) URL", am.url),
-                );
-            }
-            if am.receiver.trim().is_empty() {
-                problem(
-                    "alertmanager.receiver".into(),
-                    "name the receiver that routes to stanch".into(),
-                );
-            }
-        }
-        if self.intake.max_body_bytes < 1024 {
-            problem(
-                "intake.max_body_bytes".into(),
-                "must be at least 1024".into(),
-            );
-        }
-        if self.watch.max_watchers == 0 {
-            problem("watch.max_watchers".into(), "must be at least 1".into());
-        }
-        if self.history.max_entries == 0 {
-            problem("history.max_entries".into(), "must be at least 1".into());
         }
         out
     }

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod auth;
 pub mod clock;
+pub mod config;
 pub mod engine_task;
 pub mod error;
 pub mod gateways;
@@ -32,6 +33,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::auth::Tokens;
 use crate::clock::Clock;
+use crate::config::ServerConfig;
 use crate::engine_task::EngineTask;
 use crate::history::History;
 use crate::metrics::Metrics;
@@ -42,8 +44,10 @@ use crate::store::{FileStore, MemoryStore, StateStore, StoreError};
 /// How to run the controller.
 #[derive(Debug)]
 pub struct Settings {
-    /// The validated configuration.
+    /// The validated policy.
     pub config: Config,
+    /// The controller's own settings (limits, token files, Alertmanager).
+    pub server: ServerConfig,
     /// Where state lives; `None` keeps it in memory (lost on restart).
     pub data_dir: Option<PathBuf>,
     /// Role tokens.
@@ -62,6 +66,7 @@ impl Settings {
     pub fn in_memory(config: Config) -> Self {
         Self {
             config,
+            server: ServerConfig::default(),
             data_dir: None,
             tokens: Tokens::default(),
             tls: None,
@@ -131,7 +136,7 @@ impl Controller {
             Some((cert, key)) => Some(net::tls_acceptor(cert, key).map_err(StartError::Tls)?),
             None => None,
         };
-        let config = settings.config;
+        let (config, server) = (settings.config, settings.server);
         let metrics = Arc::new(Metrics::new());
         let (store, history): (Box<dyn StateStore>, History) = match &settings.data_dir {
             Some(dir) => {
@@ -139,8 +144,8 @@ impl Controller {
                 let store = FileStore::open(dir, tag)?;
                 let history = History::open(
                     dir,
-                    config.history.max_entries,
-                    config.history.max_file_bytes,
+                    server.history.max_entries,
+                    server.history.max_file_bytes,
                 )
                 .map_err(|source| StartError::History {
                     dir: dir.clone(),
@@ -150,7 +155,7 @@ impl Controller {
             }
             None => (
                 Box::new(MemoryStore::default()),
-                History::in_memory(config.history.max_entries),
+                History::in_memory(server.history.max_entries),
             ),
         };
         let history = Arc::new(history);
@@ -169,11 +174,11 @@ impl Controller {
             }
         };
         let mut tasks = JoinSet::new();
-        let reconcile_wake = config
+        let reconcile_wake = server
             .alertmanager
             .as_ref()
             .map(|_| Arc::new(Notify::new()));
-        if let (Some(am), Some(wake)) = (&config.alertmanager, &reconcile_wake) {
+        if let (Some(am), Some(wake)) = (&server.alertmanager, &reconcile_wake) {
             let reconciler = Reconciler::new(
                 &am.url,
                 &am.receiver,
@@ -189,7 +194,7 @@ impl Controller {
         }
         // A watcher that stops reading is disconnected after the configured timeout.
         let limits = ConnLimits {
-            write_timeout: config.watch.slow_client_timeout.0,
+            write_timeout: server.watch.slow_client_timeout.0,
             ..settings.limits
         };
         let shared = api::Shared::new(
@@ -200,6 +205,7 @@ impl Controller {
             settings.tokens,
             clock,
             Arc::new(config),
+            Arc::new(server),
             started.health.clone(),
             reconcile_wake,
         );

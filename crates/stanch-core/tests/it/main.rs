@@ -1,6 +1,5 @@
 //! Integration tests of the engine: scenarios, properties, and the purity guard.
 
-mod docs;
 mod harness;
 mod properties;
 mod purity;

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 
 use crate::auth::{Role, Tokens};
 use crate::clock::Clock;
+use crate::config::ServerConfig;
 use crate::engine_task::{EngineHandle, EngineUnavailable, StoreHealth};
 use crate::error::ApiError;
 use crate::gateways::Gateways;
@@ -50,8 +51,10 @@ pub struct Shared {
     pub tokens: Tokens,
     /// Wall-clock time.
     pub clock: Arc<dyn Clock>,
-    /// The configuration in force.
+    /// The policy in force.
     pub config: Arc<Config>,
+    /// The controller's own settings (intake and watch limits).
+    pub server: Arc<ServerConfig>,
     /// The state store's health.
     pub store: Arc<StoreHealth>,
     /// Wakes the Alertmanager reconciler, when one runs.
@@ -76,6 +79,7 @@ impl Shared {
         tokens: Tokens,
         clock: Arc<dyn Clock>,
         config: Arc<Config>,
+        server: Arc<ServerConfig>,
         store: Arc<StoreHealth>,
         reconcile: Option<Arc<Notify>>,
     ) -> Shared {
@@ -89,8 +93,9 @@ impl Shared {
             clock,
             store,
             watchers: AtomicUsize::new(0),
-            bodies: BodyBudget::new(config.intake.max_partial_body_bytes),
+            bodies: BodyBudget::new(server.intake.max_partial_body_bytes),
             config,
+            server,
             reconcile,
         }
     }
@@ -187,7 +192,7 @@ impl axum::extract::FromRequest<AppState> for Body {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Body, ApiError> {
-        let intake = &state.config.intake;
+        let intake = &state.server.intake;
         let limits = BodyLimits {
             max_bytes: intake.max_body_bytes,
             timeout: intake.body_timeout.0,
@@ -220,7 +225,7 @@ pub(crate) struct WatcherGuard {
 impl WatcherGuard {
     /// Admits a watcher, or refuses with 503 past the configured limit.
     fn admit(state: &AppState, kind: &'static str) -> Result<WatcherGuard, ApiError> {
-        let max = state.config.watch.max_watchers;
+        let max = state.server.watch.max_watchers;
         let admitted = state
             .watchers
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -88,7 +88,7 @@ pub(super) async fn routes(
     let wait = query
         .wait
         .map_or(DEFAULT_WAIT, |w| w.0)
-        .min(state.config.watch.max_wait.0);
+        .min(state.server.watch.max_wait.0);
     let wait = jittered(wait, &state, &headers);
     // Header values are slices of the connection's read buffer: holding them through
     // the wait would pin that buffer and make the connection allocate another.
@@ -143,7 +143,7 @@ pub(super) async fn stream(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok());
-    let heartbeat = state.config.watch.heartbeat.0;
+    let heartbeat = state.server.watch.heartbeat.0;
     let watch = SseWatch {
         rx: state.publisher.subscribe(),
         publisher: Arc::clone(&state.publisher),

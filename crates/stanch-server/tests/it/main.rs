@@ -2,6 +2,7 @@
 
 mod admin;
 mod bounds;
+mod docs;
 mod faults;
 mod history;
 mod intake;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use stanch_api::HumanDuration;
-use stanch_core::config::AlertmanagerConfig;
+use stanch_server::config::{AlertmanagerConfig, ServerConfig};
 
 use crate::intake::wait_for;
 use crate::support::*;
@@ -160,15 +160,17 @@ async fn alertmanager_webhooks_reach_stanch() {
 async fn reconciliation_repairs_lost_notifications() {
     // Alertmanager's notifications go nowhere: every one of them is lost.
     let port = free_port();
-    let mut config = test_config();
-    config.alertmanager = Some(AlertmanagerConfig {
-        url: format!("http://127.0.0.1:{port}"),
-        receiver: "stanch".into(),
-        interval: HumanDuration::secs(3600),
-        token_file: None,
-    });
+    let server = ServerConfig {
+        alertmanager: Some(AlertmanagerConfig {
+            url: format!("http://127.0.0.1:{port}"),
+            receiver: "stanch".into(),
+            interval: HumanDuration::secs(3600),
+            token_file: None,
+        }),
+        ..ServerConfig::default()
+    };
     let h = Harness::with(Options {
-        config,
+        server,
         ..Options::default()
     })
     .await;

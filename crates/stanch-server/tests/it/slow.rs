@@ -7,10 +7,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use stanch_server::config::ServerConfig;
+
 use crate::support::*;
 
-fn config() -> stanch_core::Config {
-    let mut c = test_config();
+fn server() -> ServerConfig {
+    let mut c = ServerConfig::default();
     c.intake.body_timeout = stanch_api::HumanDuration(Duration::from_millis(500));
     c.intake.body_min_rate = 1024 * 1024;
     c.intake.max_partial_body_bytes = 200 * 1024;
@@ -42,7 +44,7 @@ async fn answer(mut s: TcpStream, within: Duration) -> String {
 #[tokio::test]
 async fn a_stalled_body_gets_408_and_its_connection_closed() {
     let h = Harness::with(Options {
-        config: config(),
+        server: server(),
         ..Options::default()
     })
     .await;
@@ -66,7 +68,7 @@ async fn a_stalled_body_gets_408_and_its_connection_closed() {
 #[tokio::test]
 async fn partial_bodies_share_a_budget_and_the_controller_keeps_answering() {
     let h = Harness::with(Options {
-        config: config(),
+        server: server(),
         ..Options::default()
     })
     .await;

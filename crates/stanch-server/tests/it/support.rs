@@ -9,6 +9,7 @@ use stanch_api::Timestamp;
 use stanch_core::Config;
 use stanch_server::auth::Tokens;
 use stanch_server::clock::ManualClock;
+use stanch_server::config::ServerConfig;
 use stanch_server::{Controller, Settings};
 
 pub const INGEST: &str = "ingest-token";
@@ -40,12 +41,14 @@ pub struct Harness {
     pub clock: ManualClock,
     pub http: reqwest::Client,
     pub config: Config,
+    pub server: ServerConfig,
     pub tokens: bool,
     _tmp: Option<tempfile::TempDir>,
 }
 
 pub struct Options {
     pub config: Config,
+    pub server: ServerConfig,
     pub tokens: bool,
     pub dir: Option<PathBuf>,
     pub clock: Option<ManualClock>,
@@ -55,6 +58,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             config: test_config(),
+            server: ServerConfig::default(),
             tokens: true,
             dir: None,
             clock: None,
@@ -79,7 +83,7 @@ impl Harness {
         let clock = opts
             .clock
             .unwrap_or_else(|| ManualClock::new(fixture_time()));
-        let controller = launch(&opts.config, opts.tokens, &dir, &clock).await;
+        let controller = launch(&opts.config, &opts.server, opts.tokens, &dir, &clock).await;
         let base = format!("http://{}", controller.addr());
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -93,6 +97,7 @@ impl Harness {
             clock,
             http,
             config: opts.config,
+            server: opts.server,
             tokens: opts.tokens,
             _tmp: tmp,
         }
@@ -106,7 +111,14 @@ impl Harness {
 
     /// Starts a new controller on the same data directory.
     pub async fn restart(&mut self) {
-        let controller = launch(&self.config, self.tokens, &self.dir, &self.clock).await;
+        let controller = launch(
+            &self.config,
+            &self.server,
+            self.tokens,
+            &self.dir,
+            &self.clock,
+        )
+        .await;
         self.base = format!("http://{}", controller.addr());
         self.controller = Some(controller);
     }
@@ -165,7 +177,13 @@ impl Harness {
     }
 }
 
-async fn launch(config: &Config, tokens: bool, dir: &Path, clock: &ManualClock) -> Controller {
+async fn launch(
+    config: &Config,
+    server: &ServerConfig,
+    tokens: bool,
+    dir: &Path,
+    clock: &ManualClock,
+) -> Controller {
     let tokens = if tokens {
         Tokens::new(Some(INGEST.into()), Some(ADMIN.into()), Some(READ.into()))
     } else {
@@ -174,6 +192,7 @@ async fn launch(config: &Config, tokens: bool, dir: &Path, clock: &ManualClock) 
     let settings = Settings {
         data_dir: Some(dir.to_owned()),
         tokens,
+        server: server.clone(),
         ..Settings::in_memory(config.clone())
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

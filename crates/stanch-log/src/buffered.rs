@@ -67,8 +67,11 @@ struct Shared {
     made: AtomicU64,
 }
 
-/// Emptied buffers kept for reuse at most; the rest are freed.
-const MAX_SPARE: usize = 4;
+/// Emptied buffers kept for reuse at most, beyond `max_queued`; the rest are freed. As
+/// many as can be queued, so that a writer catching up after a slow spell hands back
+/// what the logging threads will need next, rather than freeing it for them to make
+/// anew.
+const SPARE_BEYOND_QUEUE: usize = 4;
 /// Room in a buffer past `buffer_bytes`, for the line that crosses it.
 const SLACK: usize = 16 * 1024;
 
@@ -81,6 +84,8 @@ struct Queue {
     rounds: u64,
     /// A round has been asked for before the next tick.
     asked: bool,
+    /// The writer has stopped: nothing handed over is written any more.
+    closed: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -180,7 +185,8 @@ impl Shared {
         buffer.clear();
         let mut spare = lock(&self.spare);
         // One that grew for a very long line is not kept.
-        if spare.len() < MAX_SPARE && buffer.capacity() <= 2 * (self.limits.buffer_bytes + SLACK) {
+        let keep = self.limits.max_queued + SPARE_BEYOND_QUEUE;
+        if spare.len() < keep && buffer.capacity() <= 2 * (self.limits.buffer_bytes + SLACK) {
             spare.push(buffer);
         }
     }
@@ -208,7 +214,7 @@ impl Shared {
     /// Hands `lines` to the writer, or drops and counts them if it is too far behind.
     fn hand_over(&self, lines: Vec<u8>) {
         let mut queue = lock(&self.queue);
-        if queue.full.len() >= self.limits.max_queued {
+        if queue.closed || queue.full.len() >= self.limits.max_queued {
             drop(queue);
             let n = lines.iter().filter(|&&b| b == b'\n').count() as u64;
             self.dropped.fetch_add(n, Ordering::Relaxed);
@@ -241,8 +247,23 @@ impl Shared {
                 self.recycle(lines);
             }
             self.round(&mut out, closing);
+            let late = {
+                let mut queue = lock(&self.queue);
+                queue.rounds += 1;
+                // What was handed over during the last round is written too; a line
+                // handed over after that (a thread ending after the process's stop) is
+                // counted as dropped, not lost unseen.
+                queue.closed = closing;
+                if closing {
+                    std::mem::take(&mut queue.full)
+                } else {
+                    Vec::new()
+                }
+            };
+            for lines in late {
+                let _ = out.write_all(&lines);
+            }
             let _ = out.flush();
-            lock(&self.queue).rounds += 1;
             self.wake.notify_all();
             if closing {
                 return;
@@ -394,24 +415,37 @@ mod tests {
         String::from_utf8(lock(&sink.0).clone()).unwrap()
     }
 
+    /// Runs `f(0)` to `f(n - 1)` on `n` threads, and joins them. Joined, not scoped: a
+    /// thread hands over its last lines as its thread-locals are destroyed, which a
+    /// scoped thread may do after its scope has ended; `join` waits for it.
+    fn on_threads(n: usize, f: impl Fn(usize) + Send + Sync + 'static) {
+        let f = Arc::new(f);
+        let threads: Vec<_> = (0..n)
+            .map(|t| {
+                let f = f.clone();
+                std::thread::spawn(move || f(t))
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("the thread ran");
+        }
+    }
+
     /// Four threads log 500 lines each through `limits`; returns the lines written,
     /// sorted, and how many were dropped.
     fn four_threads(limits: Limits) -> (Vec<String>, u64) {
         let sink = Sink::default();
         let (writer, flush) = Buffered::new(sink.clone(), limits);
-        std::thread::scope(|scope| {
-            for t in 0..4 {
-                let writer = writer.clone();
-                scope.spawn(move || {
-                    for i in 0..500 {
-                        let mut line = writer.make_writer();
-                        writeln!(line, "thread {t} line {i} {}", "x".repeat(i % 50)).unwrap();
-                    }
-                });
+        let logging = writer.clone();
+        on_threads(4, move |t| {
+            for i in 0..500 {
+                let mut line = logging.make_writer();
+                writeln!(line, "thread {t} line {i} {}", "x".repeat(i % 50)).unwrap();
             }
         });
-        // The threads have ended; what they had not had written was handed over.
-        flush.now();
+        // The threads have ended, and handed over what they had not had written; with
+        // the writer stopped, every line is in the sink.
+        drop(flush);
         let mut lines: Vec<String> = text(&sink).lines().map(str::to_owned).collect();
         lines.sort();
         (lines, writer.dropped())
@@ -448,31 +482,31 @@ mod tests {
         let sink = Sink::default();
         let limits = Limits {
             buffer_bytes: 4096,
+            max_queued: 4,
             ..Limits::default()
         };
         let (writer, flush) = Buffered::new(sink.clone(), limits);
-        std::thread::scope(|scope| {
-            for t in 0..4 {
-                let writer = writer.clone();
-                scope.spawn(move || {
-                    let buffer = writer.buffer();
-                    let capacity = lock(&buffer).capacity();
-                    for i in 0..5000 {
-                        let mut line = writer.make_writer();
-                        writeln!(line, "thread {t} line {i} {}", "x".repeat(i % 80)).unwrap();
-                        assert!(lock(&buffer).capacity() <= capacity, "the buffer grew");
-                    }
-                });
+        let logging = writer.clone();
+        on_threads(4, move |t| {
+            let buffer = logging.buffer();
+            let capacity = lock(&buffer).capacity();
+            for i in 0..5000 {
+                let mut line = logging.make_writer();
+                writeln!(line, "thread {t} line {i} {}", "x".repeat(i % 80)).unwrap();
+                assert!(lock(&buffer).capacity() <= capacity, "the buffer grew");
             }
         });
-        flush.now();
+        drop(flush);
         let written = text(&sink).lines().count() as u64;
         assert_eq!(written + writer.dropped(), 20_000);
-        // 20,000 lines of ~50 bytes are some 250 buffers of 4 KiB.
+        // 20,000 lines of ~50 bytes fill some 250 buffers of 4 KiB. At most the threads'
+        // own, the queue, the writer's batch and the spares are alive at once; twice
+        // that leaves room for a few freed when the spares overflowed.
         let made = writer.shared.made.load(Ordering::Relaxed);
+        let alive = 4 + 2 * limits.max_queued + limits.max_queued + SPARE_BEYOND_QUEUE;
         assert!(
-            made <= (4 + limits.max_queued + MAX_SPARE + 2) as u64,
-            "{made} buffers made"
+            made <= 2 * alive as u64,
+            "{made} buffers made, for 250 filled"
         );
     }
 
@@ -522,6 +556,19 @@ mod tests {
             1000,
             "each line written or counted"
         );
+    }
+
+    /// A thread that hands lines over after the writer stopped (it ended after the
+    /// process's stop) has them counted as dropped: every line is written or counted.
+    #[test]
+    fn lines_after_the_stop_are_counted_not_lost() {
+        let sink = Sink::default();
+        let (writer, flush) = Buffered::new(sink.clone(), Limits::default());
+        writeln!(writer.make_writer(), "before the stop").unwrap();
+        drop(flush);
+        writer.shared.hand_over(b"late one\nlate two\n".to_vec());
+        assert_eq!(text(&sink), "before the stop\n");
+        assert_eq!(writer.dropped(), 2);
     }
 
     #[test]

@@ -119,6 +119,42 @@ async fn a_connection_the_upstream_closed_is_not_reused() {
     );
 }
 
+/// The race every keep-alive client meets, under load: an upstream that closes
+/// connections idle for 40 ms on its own timer (as uvicorn does after 5 s), and waves
+/// of concurrent requests paced around that interval, so that closes land between a
+/// checkout and its request. Every request is answered by the upstream and not one
+/// failure is counted against it; the upstream did close connections under it.
+#[tokio::test]
+async fn an_upstream_closing_idle_connections_on_a_timer_costs_no_failures_under_load() {
+    let (a, gw) = closing_after(Duration::from_millis(40)).await;
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let (waves, wide) = (60, 8);
+    for wave in 0..waves {
+        let answers =
+            futures_util::future::join_all((0..wide).map(|i| answered(&gw, (wave + i) % 3 == 0)))
+                .await;
+        assert_eq!(answers.len(), wide);
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let pause = 30 + (seed >> 33) % 20;
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    assert_eq!(
+        failures(&gw).await,
+        0,
+        "an upstream's close is not its failure"
+    );
+    assert_eq!(
+        a.requests(),
+        (waves * wide) as u64,
+        "each request answered once"
+    );
+    assert!(
+        a.mock.stats().connections > wide as u64 * 5,
+        "the upstream closed idle connections under the load: {} opened",
+        a.mock.stats().connections
+    );
+}
+
 #[tokio::test]
 async fn an_idle_connection_the_upstream_closed_is_closed_within_seconds() {
     let (_a, gw) = closing_after(Duration::from_millis(100)).await;

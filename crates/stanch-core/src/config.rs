@@ -69,6 +69,50 @@ pub struct ModelConfig {
     /// Tenant classes that keep this model while it is degraded.
     #[serde(default = "default_alias_exempt")]
     pub alias_exempt: Vec<String>,
+    /// This model's own ladder timings, over the file's `ladder`.
+    #[serde(default, skip_serializing_if = "LadderOverrides::is_empty")]
+    pub ladder: LadderOverrides,
+}
+
+impl ModelConfig {
+    /// The ladder timings this model moves by: `base` (the file's `ladder`), with each
+    /// timing the model gives of its own in its place.
+    pub fn ladder_policy(&self, base: &LadderPolicy) -> LadderPolicy {
+        let own = &self.ladder;
+        LadderPolicy {
+            recover_after: own.recover_after.unwrap_or(base.recover_after),
+            min_dwell: own.min_dwell.unwrap_or(base.min_dwell),
+            lease: base.lease,
+            flap: own.flap.clone().unwrap_or_else(|| base.flap.clone()),
+            backoff: own.backoff.clone().unwrap_or_else(|| base.backoff.clone()),
+        }
+    }
+}
+
+/// A model's own ladder timings; each one given replaces the file's. The lease is not
+/// among them: gateways honour the whole table for one lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LadderOverrides {
+    /// As `ladder.recover_after`, for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recover_after: Option<HumanDuration>,
+    /// As `ladder.min_dwell`, for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_dwell: Option<HumanDuration>,
+    /// As `ladder.flap`, for this model (the whole guard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flap: Option<FlapPolicy>,
+    /// As `ladder.backoff`, for this model (the whole backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffPolicy>,
+}
+
+impl LadderOverrides {
+    /// Whether the model gives no timing of its own.
+    pub fn is_empty(&self) -> bool {
+        *self == LadderOverrides::default()
+    }
 }
 
 fn default_alias_exempt() -> Vec<String> {
@@ -387,6 +431,7 @@ impl Config {
                     );
                 }
             }
+            own_ladder_problems(&format!("{at}.ladder"), &model.ladder, &mut problem);
             if let Some(faq) = &model.faq {
                 if !faq_sets.contains(faq.as_str()) {
                     problem(
@@ -537,9 +582,90 @@ impl Config {
     }
 }
 
+/// The problems of a model's own ladder timings, by the rules of the file's `ladder`.
+fn own_ladder_problems(at: &str, own: &LadderOverrides, problem: &mut impl FnMut(String, String)) {
+    let positive = [
+        ("recover_after", own.recover_after),
+        ("flap.window", own.flap.as_ref().map(|f| f.window)),
+        ("flap.hold", own.flap.as_ref().map(|f| f.hold)),
+    ];
+    for (path, d) in positive.into_iter().filter_map(|(p, d)| Some((p, d?))) {
+        if d.0.is_zero() {
+            problem(format!("{at}.{path}"), "must be longer than 0s".into());
+        }
+    }
+    let bounded = [
+        ("recover_after", own.recover_after),
+        ("min_dwell", own.min_dwell),
+        ("flap.window", own.flap.as_ref().map(|f| f.window)),
+        ("flap.hold", own.flap.as_ref().map(|f| f.hold)),
+        ("backoff.max", own.backoff.as_ref().map(|b| b.max)),
+        (
+            "backoff.reset_after",
+            own.backoff.as_ref().map(|b| b.reset_after),
+        ),
+    ];
+    for (path, d) in bounded.into_iter().filter_map(|(p, d)| Some((p, d?))) {
+        if d > MAX_POLICY_DURATION {
+            problem(
+                format!("{at}.{path}"),
+                format!("must be at most {MAX_POLICY_DURATION}"),
+            );
+        }
+    }
+    if own.flap.as_ref().is_some_and(|f| f.max_transitions < 2) {
+        problem(
+            format!("{at}.flap.max_transitions"),
+            "must be at least 2 (one down and one up is not a flap)".into(),
+        );
+    }
+    if own.backoff.as_ref().is_some_and(|b| b.factor == 0) {
+        problem(format!("{at}.backoff.factor"), "must be at least 1".into());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_may_have_ladder_timings_of_its_own() {
+        let c = Config::from_yaml(
+            "ladder: {recover_after: 60s, min_dwell: 30s}\n\
+             models:\n  a: {pools: [p], ladder: {recover_after: 5m}}\n  b: {pools: [p]}\n",
+        )
+        .unwrap();
+        let a = c.models["a"].ladder_policy(&c.ladder);
+        assert_eq!(a.recover_after, HumanDuration::secs(300));
+        assert_eq!(
+            a.min_dwell,
+            HumanDuration::secs(30),
+            "the file's, where not given"
+        );
+        assert_eq!(a.lease, c.ladder.lease);
+        assert_eq!(c.models["b"].ladder_policy(&c.ladder), c.ladder);
+        let Err(ConfigError::Invalid(problems)) = Config::from_yaml(
+            "models:\n  a:\n    pools: [p]\n    ladder:\n      recover_after: 0s\n      \
+             min_dwell: 400d\n      flap: {max_transitions: 1, window: 1m, hold: 0s}\n      \
+             backoff: {factor: 0, max: 1m, reset_after: 1m}\n",
+        ) else {
+            panic!("refused");
+        };
+        let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+        for path in [
+            "models.a.ladder.recover_after",
+            "models.a.ladder.min_dwell",
+            "models.a.ladder.flap.max_transitions",
+            "models.a.ladder.flap.hold",
+            "models.a.ladder.backoff.factor",
+        ] {
+            assert!(paths.contains(&path), "{path} in {paths:?}");
+        }
+        assert!(
+            Config::from_yaml("models:\n  a: {pools: [p], ladder: {lease: 1m}}\n").is_err(),
+            "the lease is the table's, not a model's"
+        );
+    }
 
     #[test]
     fn default_config_is_valid_and_as_documented() {

@@ -309,11 +309,14 @@ impl Engine {
 
     /// Status per model, as published and as decided.
     pub fn model_status(&self) -> std::collections::BTreeMap<String, ModelStatus> {
-        let policy = &self.config.ladder;
         self.state
             .models
             .iter()
             .map(|(name, st)| {
+                let policy = self.config.models.get(name).map_or_else(
+                    || self.config.ladder.clone(),
+                    |m| m.ladder_policy(&self.config.ladder),
+                );
                 let published = self.state.published.models.get(name);
                 let status = ModelStatus {
                     rung: published.map_or(st.rung, |p| p.rung),
@@ -787,10 +790,11 @@ impl Engine {
             let Some(st) = self.state.models.get_mut(name) else {
                 continue;
             };
+            let policy = model.ladder_policy(&self.config.ladder);
             let cx = Ctx {
                 name,
                 model,
-                policy: &self.config.ladder,
+                policy: &policy,
                 plan: &plan,
                 now,
             };

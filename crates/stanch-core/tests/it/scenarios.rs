@@ -40,6 +40,7 @@ scenarios!(
     degradation_keeps_vip_and_recovers_one_rung_at_a_time,
     static_when_everything_fails,
     flap_guard_pins,
+    a_model_recovers_by_its_own_timings,
     backoff_doubles_recover_after,
     prometheus_alerts_expire,
     duplicates_and_out_of_order,

@@ -47,6 +47,12 @@ enum Cmd {
         #[arg(long)]
         simulate_alerts: bool,
     },
+    /// Print the custom resource definitions (YAML), or write each to a directory.
+    Crdgen {
+        /// Write one file per CRD here (as committed under charts/stanch/crds/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -98,6 +104,7 @@ fn main() -> ExitCode {
         Cmd::CheckConfig { file } => check_config(&file),
         Cmd::Serve(args) => serve(args),
         Cmd::Ctl(args) => ctl::run(args),
+        Cmd::Crdgen { out } => crdgen(out.as_deref()),
         Cmd::Demo {
             seconds,
             simulate_alerts,
@@ -134,6 +141,26 @@ fn load_config(path: Option<&Path>) -> Result<ConfigFile, String> {
     }
 }
 
+/// The CRDs, to standard output as one YAML stream, or one file each under `out`.
+#[expect(clippy::print_stdout, reason = "the CRDs are the command's output")]
+fn crdgen(out: Option<&Path>) -> ExitCode {
+    let crds = stanch_kube::crds();
+    let Some(dir) = out else {
+        let docs: Vec<String> = crds.iter().map(|(_, c)| stanch_kube::crd_yaml(c)).collect();
+        print!("{}", docs.join("---\n"));
+        return ExitCode::SUCCESS;
+    };
+    for (file, crd) in &crds {
+        let path = dir.join(file);
+        if let Err(e) = std::fs::write(&path, stanch_kube::crd_yaml(crd)) {
+            eprintln!("cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
 fn check_config(file: &Path) -> ExitCode {
     match load_config(Some(file)) {
         Ok(ConfigFile { policy, .. }) => {
@@ -154,10 +181,10 @@ fn check_config(file: &Path) -> ExitCode {
 
 /// A role's token: the environment wins, else the file named in the configuration.
 fn token(env: &str, file: Option<&String>) -> Result<Option<String>, String> {
-    if let Ok(v) = std::env::var(env) {
-        if !v.trim().is_empty() {
-            return Ok(Some(v));
-        }
+    if let Ok(v) = std::env::var(env)
+        && !v.trim().is_empty()
+    {
+        return Ok(Some(v));
     }
     match file {
         None => Ok(None),

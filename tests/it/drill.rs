@@ -52,7 +52,7 @@ fn send(
                 let http = client();
                 while !stop.load(Ordering::Relaxed) {
                     let n = next.fetch_add(1, Ordering::Relaxed);
-                    let (path, token, body) = if n % 4 == 0 {
+                    let (path, token, body) = if n.is_multiple_of(4) {
                         let endpoint = format!("http://drill-{n}:8000");
                         (
                             "/v1/admin/block",
@@ -73,7 +73,7 @@ fn send(
                     match r.status().as_u16() {
                         200 => {
                             let mut acked = acked.lock().unwrap();
-                            if n % 4 == 0 {
+                            if n.is_multiple_of(4) {
                                 acked.blocks.insert(format!("http://drill-{n}:8000"));
                             } else {
                                 acked.alerts.insert(format!("{n:016x}"));

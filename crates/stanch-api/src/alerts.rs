@@ -296,12 +296,13 @@ fn parse_alert(
         (None, Dialect::Push { now }) => now,
         (None, _) => return Err(reject(format!("{prefix}.startsAt: missing"))),
     };
-    if let Some(end) = ends_at {
-        if end < starts_at && status == AlertStatus::Firing {
-            return Err(reject(format!(
-                "{prefix}.endsAt: {end} is before startsAt {starts_at}"
-            )));
-        }
+    if let Some(end) = ends_at
+        && end < starts_at
+        && status == AlertStatus::Firing
+    {
+        return Err(reject(format!(
+            "{prefix}.endsAt: {end} is before startsAt {starts_at}"
+        )));
     }
     Ok(IncomingAlert {
         fingerprint,

@@ -71,6 +71,22 @@ impl<'de> Deserialize<'de> for Fingerprint {
     }
 }
 
+/// On the wire, 16 lowercase hex digits.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Fingerprint {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Fingerprint".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "pattern": "^[0-9a-f]{16}$"})
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use crate::{Fingerprint, Timestamp};
 
 /// A rung of a model's degradation ladder. Higher is more degraded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Rung {
     /// Route to the model's primary pool.
@@ -71,6 +72,7 @@ impl FromStr for Rung {
 
 /// An immutable, versioned snapshot of how every gateway should route.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RouteTable {
     /// Increases by one with every published change, within an epoch.
     pub version: u64,
@@ -103,6 +105,7 @@ impl RouteTable {
 
 /// How gateways route one model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ModelRoute {
     /// The ladder rung in force.
     pub rung: Rung,
@@ -130,6 +133,7 @@ pub struct ModelRoute {
 
 /// An endpoint soft-block: lowest priority, not removal.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct BlockedEndpoint {
     /// The endpoint as gateways name it (URL or host:port).
     pub endpoint: String,

@@ -125,6 +125,22 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
+/// On the wire, an RFC 3339 string.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Timestamp {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Timestamp".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "format": "date-time"})
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -241,10 +241,10 @@ impl Conn {
 
 async fn ready(addr: &str, path: &str) -> anyhow::Result<()> {
     for _ in 0..200 {
-        if let Ok(mut c) = Conn::open(addr, path, BODY).await {
-            if c.call().await.is_ok_and(|s| s == 200) {
-                return Ok(());
-            }
+        if let Ok(mut c) = Conn::open(addr, path, BODY).await
+            && c.call().await.is_ok_and(|s| s == 200)
+        {
+            return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }

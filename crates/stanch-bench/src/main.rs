@@ -163,7 +163,11 @@ impl Drop for Server {
 /// A webhook that always changes the route table: the failover alert for qwen-72b
 /// dc-a, firing (with a fresh start) or resolved, in turn.
 fn toggling_webhook(round: usize) -> String {
-    let status = if round % 2 == 0 { "firing" } else { "resolved" };
+    let status = if round.is_multiple_of(2) {
+        "firing"
+    } else {
+        "resolved"
+    };
     let start = format!(
         "2026-11-30T00:{:02}:{:02}Z",
         (round / 2 / 60) % 60,
@@ -397,12 +401,11 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
                     "GET /v1/routes?after={have}&wait=30s HTTP/1.1\r\nHost: {addr}\r\nX-Stanch-Gateway: lp-{i}\r\nX-Stanch-Applied-Version: {have}\r\n\r\n"
                 );
                 let Some((status, version)) = conn.exchange(&request).await else { return };
-                if status == 200 {
-                    if let Some(v) = version {
+                if status == 200
+                    && let Some(v) = version {
                         have = v;
                         arrivals.lock().unwrap().push((have, Instant::now()));
                     }
-                }
             }
         }));
         if i % 100 == 99 {

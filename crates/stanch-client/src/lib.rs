@@ -90,10 +90,10 @@ impl Routes {
     /// Waits until a table with a version other than `version` is applied.
     pub async fn changed_from(&mut self, version: u64) -> Option<Arc<RouteTable>> {
         loop {
-            if let Some(t) = self.current() {
-                if t.version != version {
-                    return Some(t);
-                }
+            if let Some(t) = self.current()
+                && t.version != version
+            {
+                return Some(t);
             }
             self.changed.changed().await.ok()?;
         }
@@ -298,27 +298,28 @@ impl Watcher {
     /// Applies a table unless the validator refuses it; returns whether it applied.
     fn apply(&mut self, table: RouteTable) -> bool {
         let have = self.current.load();
-        if let Some(h) = have.as_ref() {
-            if h.epoch == table.epoch && h.version >= table.version {
-                return false;
-            }
+        if let Some(h) = have.as_ref()
+            && h.epoch == table.epoch
+            && h.version >= table.version
+        {
+            return false;
         }
-        if let Some(validate) = &self.validator {
-            if let Err(why) = validate(&table) {
-                warn!(version = table.version, reason = %why, "route table refused");
-                self.rejected = Some(Rejected {
-                    version: table.version,
-                    epoch: table.epoch,
-                    reason: why,
-                });
-                return false;
-            }
+        if let Some(validate) = &self.validator
+            && let Err(why) = validate(&table)
+        {
+            warn!(version = table.version, reason = %why, "route table refused");
+            self.rejected = Some(Rejected {
+                version: table.version,
+                epoch: table.epoch,
+                reason: why,
+            });
+            return false;
         }
         self.rejected = None;
-        if let Some(path) = &self.config.state_file {
-            if let Err(e) = save(path, &table) {
-                warn!(path = %path.display(), error = %e, "cannot save the last-known-good route table");
-            }
+        if let Some(path) = &self.config.state_file
+            && let Err(e) = save(path, &table)
+        {
+            warn!(path = %path.display(), error = %e, "cannot save the last-known-good route table");
         }
         debug!(version = table.version, "route table applied");
         let version = table.version;

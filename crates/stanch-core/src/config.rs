@@ -432,13 +432,13 @@ impl Config {
                 }
             }
             own_ladder_problems(&format!("{at}.ladder"), &model.ladder, &mut problem);
-            if let Some(faq) = &model.faq {
-                if !faq_sets.contains(faq.as_str()) {
-                    problem(
-                        format!("{at}.faq"),
-                        format!("FAQ set {faq:?} is not in faq_sets"),
-                    );
-                }
+            if let Some(faq) = &model.faq
+                && !faq_sets.contains(faq.as_str())
+            {
+                problem(
+                    format!("{at}.faq"),
+                    format!("FAQ set {faq:?} is not in faq_sets"),
+                );
             }
         }
         let ladder = &self.ladder;
@@ -560,13 +560,13 @@ impl Config {
                 }
                 _ => {}
             }
-            if let Some(f) = &m.fallback_model {
-                if !self.models.contains_key(f) {
-                    problem(
-                        format!("{at}.fallback_model"),
-                        format!("model {f:?} is not configured"),
-                    );
-                }
+            if let Some(f) = &m.fallback_model
+                && !self.models.contains_key(f)
+            {
+                problem(
+                    format!("{at}.fallback_model"),
+                    format!("model {f:?} is not configured"),
+                );
             }
             if m.pool.is_some() && m.pool_label.is_some() {
                 problem(at.clone(), "give pool or pool_label, not both".into());

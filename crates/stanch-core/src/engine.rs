@@ -401,17 +401,17 @@ impl Engine {
         let fp = alert.fingerprint;
         match alert.status {
             AlertStatus::Firing => {
-                if let Some(t) = self.state.tombstones.get(&fp) {
-                    if t.starts_at >= alert.starts_at {
-                        out.push(Decision::AlertIgnored {
-                            fingerprint: fp,
-                            why: format!(
-                                "already resolved at {}; a late or repeated firing notification",
-                                t.resolved_at
-                            ),
-                        });
-                        return;
-                    }
+                if let Some(t) = self.state.tombstones.get(&fp)
+                    && t.starts_at >= alert.starts_at
+                {
+                    out.push(Decision::AlertIgnored {
+                        fingerprint: fp,
+                        why: format!(
+                            "already resolved at {}; a late or repeated firing notification",
+                            t.resolved_at
+                        ),
+                    });
+                    return;
                 }
                 if alert.source == AlertSource::Prometheus && alert.ends_at.is_none() {
                     alert.ends_at = Some(now + self.config.alerts.resolve_timeout.0);
@@ -1100,13 +1100,13 @@ impl Engine {
     /// not undone until the alert resolves and fires anew.
     fn suppress_block_alerts(&mut self, matches: impl Fn(&BlockKey) -> bool) {
         for record in self.state.alerts.values_mut() {
-            if let Some(Condition::BlockEndpoint { endpoint, model }) = &record.condition {
-                if matches(&BlockKey {
+            if let Some(Condition::BlockEndpoint { endpoint, model }) = &record.condition
+                && matches(&BlockKey {
                     endpoint: endpoint.clone(),
                     model: model.clone(),
-                }) {
-                    record.block_applied = true;
-                }
+                })
+            {
+                record.block_applied = true;
             }
         }
     }

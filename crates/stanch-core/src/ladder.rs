@@ -278,11 +278,11 @@ pub(crate) fn evaluate(
             conditions: cx.plan.conditions.clone(),
         };
         move_to(st, cx.plan.target, rule, true, cx, out);
-    } else if let Some((to, ready_at, rule)) = next_step_down(st, cx) {
-        if now >= ready_at {
-            move_to(st, to, rule, true, cx, out);
-            st.last_deescalation = Some(now);
-        }
+    } else if let Some((to, ready_at, rule)) = next_step_down(st, cx)
+        && now >= ready_at
+    {
+        move_to(st, to, rule, true, cx, out);
+        st.last_deescalation = Some(now);
     }
     refresh_pool(st, cx, out);
     if let Some((_, ready_at, _)) = next_step_down(st, cx) {

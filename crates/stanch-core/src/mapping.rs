@@ -142,10 +142,10 @@ impl Mapper {
 
     /// The condition an alert's labels ask for.
     pub fn map(&self, labels: &Labels) -> Result<Condition, Unmapped> {
-        if let Some(action) = labels.get("action") {
-            if let Ok(action) = action.parse::<Action>() {
-                return self.seed(action, labels);
-            }
+        if let Some(action) = labels.get("action")
+            && let Ok(action) = action.parse::<Action>()
+        {
+            return self.seed(action, labels);
         }
         for rule in &self.rules {
             if rule.matchers.iter().all(|m| m.matches(labels)) {

@@ -469,21 +469,21 @@ impl GatewayConfig {
                     );
                 }
             }
-            if let Some(l) = &m.larger_context {
-                if l == name || !self.models.contains_key(l) {
-                    problem(
-                        format!("{at}.larger_context"),
-                        format!("{l:?} is not another configured model"),
-                    );
-                }
+            if let Some(l) = &m.larger_context
+                && (l == name || !self.models.contains_key(l))
+            {
+                problem(
+                    format!("{at}.larger_context"),
+                    format!("{l:?} is not another configured model"),
+                );
             }
-            if let Some(faq) = &m.faq {
-                if !self.faq_sets.contains_key(faq) {
-                    problem(
-                        format!("{at}.faq"),
-                        format!("FAQ set {faq:?} is not configured"),
-                    );
-                }
+            if let Some(faq) = &m.faq
+                && !self.faq_sets.contains_key(faq)
+            {
+                problem(
+                    format!("{at}.faq"),
+                    format!("FAQ set {faq:?} is not configured"),
+                );
             }
         }
     }
@@ -577,13 +577,13 @@ impl GatewayConfig {
                 problem(path.into(), "must be longer than 0s".into());
             }
         }
-        if let Some(c) = &self.controller {
-            if !(c.url.starts_with("http://") || c.url.starts_with("https://")) {
-                problem(
-                    "controller.url".into(),
-                    format!("{:?} is not an http(s) URL", c.url),
-                );
-            }
+        if let Some(c) = &self.controller
+            && !(c.url.starts_with("http://") || c.url.starts_with("https://"))
+        {
+            problem(
+                "controller.url".into(),
+                format!("{:?} is not an http(s) URL", c.url),
+            );
         }
     }
 }

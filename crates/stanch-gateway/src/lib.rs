@@ -204,10 +204,10 @@ impl Gateway {
 
     /// The configured model serving a requested name: exact, else the first glob.
     pub(crate) fn resolve(&self, requested: &str) -> Option<&str> {
-        if let Some((k, _)) = self.models.get_key_value(requested) {
-            if !is_glob(k) {
-                return Some(k);
-            }
+        if let Some((k, _)) = self.models.get_key_value(requested)
+            && !is_glob(k)
+        {
+            return Some(k);
         }
         self.globs
             .iter()
@@ -227,10 +227,10 @@ impl Gateway {
         let faqs: Vec<String> = config.faq_sets.keys().cloned().collect();
         Arc::new(move |t: &RouteTable| {
             for (name, m) in &t.models {
-                if let Some(faq) = &m.faq {
-                    if !faqs.contains(faq) {
-                        return Err(format!("models.{name}.faq: unknown FAQ set {faq:?}"));
-                    }
+                if let Some(faq) = &m.faq
+                    && !faqs.contains(faq)
+                {
+                    return Err(format!("models.{name}.faq: unknown FAQ set {faq:?}"));
                 }
             }
             Ok(())

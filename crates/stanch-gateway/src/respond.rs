@@ -152,10 +152,10 @@ pub(crate) fn finish(
             ctx.gw.metrics.requests.get_or_create(&labels).inc()
         }
     };
-    if !ctx.stream {
-        if let Some((latency, _)) = ctx.gw.model_histograms.get(ctx.model) {
-            latency.observe(ctx.started.elapsed().as_secs_f64());
-        }
+    if !ctx.stream
+        && let Some((latency, _)) = ctx.gw.model_histograms.get(ctx.model)
+    {
+        latency.observe(ctx.started.elapsed().as_secs_f64());
     }
     info!(
         target: "access",

@@ -155,10 +155,10 @@ where
     let mut joined = BytesMut::new();
     let mut len = 0;
     loop {
-        if let Some(held) = held.as_mut().filter(|_| len > 0 && !body.is_end_stream()) {
-            if !held.grow_to(len) {
-                return Err(BodyError::Busy);
-            }
+        if let Some(held) = held.as_mut().filter(|_| len > 0 && !body.is_end_stream())
+            && !held.grow_to(len)
+        {
+            return Err(BodyError::Busy);
         }
         let deadline = limits.deadline(start, len);
         let frame = match timeout_at(deadline, body.frame()).await {

@@ -62,14 +62,13 @@ impl Gateways {
             }
             return;
         }
-        if seen.len() >= MAX_GATEWAYS {
-            if let Some(oldest) = seen
+        if seen.len() >= MAX_GATEWAYS
+            && let Some(oldest) = seen
                 .iter()
                 .min_by_key(|(_, s)| s.last_seen)
                 .map(|(k, _)| k.clone())
-            {
-                seen.remove(&oldest);
-            }
+        {
+            seen.remove(&oldest);
         }
         let entry = seen.entry(id.to_owned()).or_insert(Seen {
             applied: None,

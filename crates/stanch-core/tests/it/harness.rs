@@ -298,11 +298,11 @@ pub fn run(text: &str) -> String {
             },
             other => panic!("unknown verb {other}"),
         };
-        if let Input::Command { command } = &input {
-            if let Err(e) = engine.check_command(command) {
-                writeln!(out, "{:>6}  refused: {e}", rel(now)).unwrap();
-                continue;
-            }
+        if let Input::Command { command } = &input
+            && let Err(e) = engine.check_command(command)
+        {
+            writeln!(out, "{:>6}  refused: {e}", rel(now)).unwrap();
+            continue;
         }
         let step = engine.step(input, now);
         record(&mut out, now, step.decisions);

@@ -192,15 +192,15 @@ fn classify_payload(payload: &str, raw: impl FnOnce() -> Bytes) -> Event {
     let Some(scan) = scan(payload) else {
         return Event::Malformed;
     };
-    if scan.error {
-        if let Ok(ErrorPeek { error: Some(error) }) = serde_json::from_str(payload) {
-            return Event::Error(
-                error["message"]
-                    .as_str()
-                    .unwrap_or("upstream error in stream")
-                    .to_owned(),
-            );
-        }
+    if scan.error
+        && let Ok(ErrorPeek { error: Some(error) }) = serde_json::from_str(payload)
+    {
+        return Event::Error(
+            error["message"]
+                .as_str()
+                .unwrap_or("upstream error in stream")
+                .to_owned(),
+        );
     }
     Event::Chunk {
         raw: raw(),

@@ -21,14 +21,14 @@ pub(super) async fn alertmanager(
 ) -> Result<Json<IntakeResponse>, ApiError> {
     let batch =
         alerts::parse_alertmanager_webhook(&raw).map_err(|e| refused(&state, "alertmanager", e))?;
-    if batch.truncated_alerts > 0 {
-        if let Some(reconcile) = &state.reconcile {
-            warn!(
-                truncated = batch.truncated_alerts,
-                "Alertmanager truncated a notification; reconciling"
-            );
-            reconcile.notify_one();
-        }
+    if batch.truncated_alerts > 0
+        && let Some(reconcile) = &state.reconcile
+    {
+        warn!(
+            truncated = batch.truncated_alerts,
+            "Alertmanager truncated a notification; reconciling"
+        );
+        reconcile.notify_one();
     }
     ingest(&state, "alertmanager", batch).await
 }

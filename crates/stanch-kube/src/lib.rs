@@ -1,0 +1,35 @@
+//! stanch in Kubernetes: an adapter around the engine, like the HTTP intake. It owns
+//! the custom resources ([`crd`]): a policy per model, whose spec becomes the model's
+//! configuration ([`policy`]) and whose status shows its place on the ladder, and the
+//! route-table resource, whose status is the published table. stanch-core never sees a
+//! Kubernetes type.
+//!
+//! The CRDs are generated from these types ([`crds`], `stanch crdgen`) and committed
+//! under `charts/stanch/crds/`; a test fails when the committed files differ from what
+//! the types generate.
+
+pub mod crd;
+pub mod policy;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// Every CRD stanch uses, each with the file it is committed as under
+/// `charts/stanch/crds/`.
+pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
+    vec![
+        ("stanchpolicies.stanch.dev.yaml", crd::StanchPolicy::crd()),
+        (
+            "stanchroutetables.stanch.dev.yaml",
+            crd::StanchRouteTable::crd(),
+        ),
+    ]
+}
+
+/// A CRD as committed: a header saying where it comes from, then its YAML.
+pub fn crd_yaml(crd: &CustomResourceDefinition) -> String {
+    let yaml = serde_yaml::to_string(crd).expect("a CRD serializes");
+    format!(
+        "# Generated from crates/stanch-kube/src/crd.rs by `stanch crdgen`; do not edit.\n{yaml}"
+    )
+}

@@ -1,0 +1,180 @@
+//! The CRDs committed under `charts/stanch/crds/` are exactly what the types generate,
+//! and the resources carry what they promise.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value;
+use stanch_api::{BlockedEndpoint, ModelRoute, RouteTable, Rung, Timestamp};
+use stanch_kube::crd::{StanchPolicy, StanchRouteTableStatus};
+use stanch_kube::policy::Policy;
+
+fn committed() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../charts/stanch/crds"
+    ))
+}
+
+/// Regenerate with `cargo run -- crdgen --out charts/stanch/crds`.
+#[test]
+fn the_committed_crds_are_what_the_types_generate() {
+    let crds = stanch_kube::crds();
+    for (file, crd) in &crds {
+        let on_disk = std::fs::read_to_string(committed().join(file)).unwrap_or_else(|e| {
+            panic!("{file}: {e}; run `stanch crdgen --out charts/stanch/crds`")
+        });
+        assert!(
+            on_disk == stanch_kube::crd_yaml(crd),
+            "{file} differs from what the types generate: run `stanch crdgen --out charts/stanch/crds`"
+        );
+    }
+    let mut files: Vec<String> = std::fs::read_dir(committed())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut expected: Vec<String> = crds.iter().map(|(f, _)| (*f).to_owned()).collect();
+    expected.sort();
+    assert_eq!(files, expected, "no CRD file the types do not make");
+}
+
+/// Every schema node says its type (a structural schema, as the API server requires),
+/// and the rules that span fields are there for the API server to enforce.
+#[test]
+fn the_schemas_are_structural_and_carry_their_rules() {
+    fn walk(path: &str, node: &Value, untyped: &mut Vec<String>) {
+        let Some(obj) = node.as_object() else { return };
+        let typed = obj.contains_key("type") || obj.contains_key("x-kubernetes-int-or-string");
+        if !typed
+            && (obj.contains_key("properties")
+                || obj.contains_key("items")
+                || obj.contains_key("description"))
+        {
+            untyped.push(path.to_owned());
+        }
+        for (key, child) in obj {
+            match key.as_str() {
+                "properties" | "additionalProperties" => {
+                    if let Some(props) = child.as_object().filter(|_| key == "properties") {
+                        for (name, p) in props {
+                            walk(&format!("{path}.{name}"), p, untyped);
+                        }
+                    } else {
+                        walk(&format!("{path}.*"), child, untyped);
+                    }
+                }
+                "items" => walk(&format!("{path}[]"), child, untyped),
+                _ => {}
+            }
+        }
+    }
+    for (file, crd) in stanch_kube::crds() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let mut untyped = Vec::new();
+        walk("", schema, &mut untyped);
+        assert!(
+            untyped.is_empty(),
+            "{file}: untyped schema nodes {untyped:?}"
+        );
+        assert_eq!(
+            crd["spec"]["versions"][0]["subresources"]["status"],
+            serde_json::json!({}),
+            "{file}: status subresource"
+        );
+    }
+    let policy = serde_json::to_value(stanch_kube::crds()[0].1.clone()).unwrap();
+    let spec = &policy["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let rules: Vec<&str> = spec["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rule"].as_str().unwrap())
+        .collect();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.contains("self.fallback != self.model")),
+        "{rules:?}"
+    );
+    assert!(
+        rules.iter().any(|r| r.contains("q.name == p.name")),
+        "{rules:?}"
+    );
+    // The CEL rules' cost is bounded by the lists' lengths.
+    assert_eq!(spec["properties"]["pools"]["maxItems"], 16);
+}
+
+/// The route-table resource's status is the table as the HTTP watch serves it:
+/// the same JSON, field for field.
+#[test]
+fn the_route_table_status_is_the_table_as_the_watch_serves_it() {
+    let t = Timestamp::from_millis(1_764_460_800_000);
+    let models = BTreeMap::from([(
+        "qwen-72b".to_owned(),
+        ModelRoute {
+            rung: Rung::Failover,
+            pool: "dc-b".into(),
+            alias: None,
+            alias_exempt: vec!["vip".into()],
+            faq: Some("default".into()),
+            since: t,
+            lease_until: t + std::time::Duration::from_secs(120),
+            reason: "pool dc-a failing".into(),
+            alerts: vec![],
+            overridden: false,
+        },
+    )]);
+    let blocked = vec![BlockedEndpoint {
+        endpoint: "10.0.0.7:8000".into(),
+        model: None,
+        until: t,
+        reason: "fleet".into(),
+    }];
+    let table = RouteTable {
+        version: 42,
+        epoch: "e1".into(),
+        hash: RouteTable::content_hash(&models, &blocked),
+        generated_at: t,
+        models,
+        blocked,
+    };
+    let status = StanchRouteTableStatus {
+        table: Some(table.clone()),
+    };
+    let json = serde_json::to_value(&status).unwrap();
+    assert_eq!(json["table"], serde_json::to_value(&table).unwrap());
+    let back: StanchRouteTableStatus = serde_json::from_value(json).unwrap();
+    assert_eq!(back.table, Some(table));
+}
+
+/// A policy as an operator writes it reads as the model's configuration.
+#[test]
+fn a_policy_resource_reads_as_the_models_configuration() {
+    let resource: StanchPolicy = serde_yaml::from_str(
+        r#"
+apiVersion: stanch.dev/v1alpha1
+kind: StanchPolicy
+metadata: {name: qwen-72b, namespace: monitoring}
+spec:
+  model: qwen-72b
+  pools:
+    - {name: dc-a, endpoints: ["10.1.0.5:8000"]}
+    - {name: dc-b}
+  fallback: qwen-14b
+  faq: default
+  ladder: {recoverAfter: 2m, minDwell: 30s}
+  mappings:
+    - name: pool-down
+      matchers: ['alertname="PoolDown"']
+      action: trigger-failover
+      poolLabel: pool
+"#,
+    )
+    .unwrap();
+    let base = stanch_core::Config::default_config();
+    let policy = Policy::check(&resource.spec, &base).unwrap_or_else(|p| panic!("{p:?}"));
+    assert_eq!(policy.config.pools.len(), 2);
+    assert_eq!(policy.mappings[0].pool_label.as_deref(), Some("pool"));
+}

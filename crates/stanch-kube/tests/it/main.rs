@@ -1,0 +1,3 @@
+//! stanch-kube's tests: the committed CRDs, and the resources' shapes.
+
+mod crds;

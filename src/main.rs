@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use stanch_server::auth::Tokens;
 use stanch_server::clock::SystemClock;
-use stanch_server::config::ConfigFile;
+use stanch_server::config::{ConfigFile, ServerConfig};
 use stanch_server::net::ConnLimits;
 use stanch_server::{Controller, Settings};
 
@@ -268,7 +268,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(settings, args.listen)) {
+    match runtime.block_on(run(settings, args.listen, args.config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -278,13 +278,60 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-async fn run(settings: Settings, listen: SocketAddr) -> anyhow::Result<()> {
+async fn run(
+    settings: Settings,
+    listen: SocketAddr,
+    config: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let server = settings.server.clone();
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
-    controller
-        .run_until(stanch_server::net::shutdown_signal())
-        .await;
+    tokio::select! {
+        () = stanch_server::net::shutdown_signal() => {}
+        () = reload_on_hangup(&controller, config.as_deref(), &server) => {}
+    }
+    tracing::info!("shutting down");
+    controller.shutdown().await;
     Ok(())
+}
+
+/// On every SIGHUP, reads the configuration file again and puts its policy in force,
+/// live; a file that does not parse or validate changes nothing (and says why). The
+/// controller's own settings (intake, watch, history, auth, Alertmanager) are read at
+/// start only: a change to them is reported, not applied.
+async fn reload_on_hangup(controller: &Controller, path: Option<&Path>, server: &ServerConfig) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP: the configuration is read at start only");
+        return std::future::pending().await;
+    };
+    while hangups.recv().await.is_some() {
+        let Some(path) = path else {
+            tracing::info!(
+                "SIGHUP: running on the embedded default configuration; nothing to reload"
+            );
+            continue;
+        };
+        let file = match load_config(Some(path)) {
+            Ok(file) => file,
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: configuration not reloaded; the one in force stays");
+                continue;
+            }
+        };
+        if &file.server != server {
+            tracing::warn!(
+                "SIGHUP: intake, watch, history, auth and alertmanager settings take effect at the next start"
+            );
+        }
+        match controller.configure(file.policy).await {
+            Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: configuration not reloaded; the one in force stays")
+            }
+        }
+    }
+    std::future::pending().await
 }
 
 /// Binds with a deep accept backlog: after a controller restart, every gateway of the

@@ -1,4 +1,4 @@
-//! `stanch check-config` and start-up refusals.
+//! `stanch check-config`, start-up refusals, and reloading the policy on SIGHUP.
 
 use std::process::Command;
 
@@ -102,4 +102,78 @@ fn serve_refuses_open_roles_off_loopback() {
         err.contains("without a token for role(s) ingest, admin, read"),
         "{err}"
     );
+}
+
+/// `GET /v1/routes` of a controller on loopback (no token needed there), as JSON.
+fn routes(port: u16) -> Option<serde_json::Value> {
+    reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://127.0.0.1:{port}/v1/routes"))
+        .send()
+        .ok()?
+        .json()
+        .ok()
+}
+
+/// Polls `f` every 50 ms for up to 10 s.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("never: {what}");
+}
+
+/// SIGHUP puts the file's policy in force live; a file that does not validate changes
+/// nothing and the controller keeps running.
+#[test]
+fn sighup_reloads_the_policy_and_an_invalid_file_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = "models:\n  qwen-72b: {pools: [dc-a, dc-b]}\n";
+    let path = write(&dir, "stanch.yaml", one);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = stanch()
+        .args(["serve", "--store", "memory", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let hup = |child: &std::process::Child| {
+        let sent = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    let models = |port| routes(port).map(|r| r["models"].as_object().unwrap().len());
+    eventually("the controller serves", || models(port) == Some(1));
+
+    write(
+        &dir,
+        "stanch.yaml",
+        &format!("{one}  qwen-14b: {{pools: [dc-a]}}\n"),
+    );
+    hup(&child);
+    eventually("the new model is served", || models(port) == Some(2));
+    let version = routes(port).unwrap()["version"].clone();
+
+    write(&dir, "stanch.yaml", "models: {}\n");
+    hup(&child);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let after = routes(port).expect("still serving");
+    assert_eq!(after["version"], version, "nothing changed");
+    assert_eq!(after["models"].as_object().unwrap().len(), 2);
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    let _ = child.kill();
+    let _ = child.wait();
 }

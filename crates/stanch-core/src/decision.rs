@@ -134,6 +134,16 @@ pub enum Decision {
         /// The model.
         model: String,
     },
+    /// The policy changed: a new configuration is in force.
+    Configured {
+        /// Models new to it (they start on the normal rung).
+        added: Vec<String>,
+        /// Models no longer in it (gone from the table).
+        removed: Vec<String>,
+        /// Models whose active pool is gone from their pools: back on the normal rung
+        /// in their new primary, and re-evaluated at once.
+        reset: Vec<String>,
+    },
     /// An endpoint was soft-blocked.
     Blocked {
         /// The endpoint.
@@ -212,6 +222,7 @@ impl Decision {
             }
             Decision::AlertResolved { .. }
             | Decision::AlertIgnored { .. }
+            | Decision::Configured { .. }
             | Decision::Published { .. } => None,
         }
     }
@@ -226,6 +237,7 @@ impl Decision {
             Decision::PoolChanged { .. } => "pool_changed",
             Decision::FlapPinned { .. } => "flap_pinned",
             Decision::PinEnded { .. } => "pin_ended",
+            Decision::Configured { .. } => "configured",
             Decision::Blocked { .. } => "blocked",
             Decision::BlockSkipped { .. } => "block_skipped",
             Decision::Unblocked { .. } => "unblocked",
@@ -322,6 +334,26 @@ impl fmt::Display for Decision {
                 "{model}: flapping ({transitions} transitions in {window}); pinned at {rung} until {until}"
             ),
             Decision::PinEnded { model } => write!(f, "{model}: flap hold ended"),
+            Decision::Configured {
+                added,
+                removed,
+                reset,
+            } => {
+                let list = |v: &[String]| {
+                    if v.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        v.join(", ")
+                    }
+                };
+                write!(
+                    f,
+                    "configuration changed: added {}; removed {}; reset (active pool gone) {}",
+                    list(added),
+                    list(removed),
+                    list(reset)
+                )
+            }
             Decision::Blocked {
                 endpoint,
                 model,

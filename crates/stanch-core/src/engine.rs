@@ -30,7 +30,7 @@ pub const MAX_ENDPOINT_BYTES: usize = 512;
 const MAX_TOMBSTONES: usize = 10_000;
 
 /// Something that happened, for the engine to act on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Input {
     /// A batch of alerts from a notification.
@@ -59,6 +59,13 @@ pub enum Input {
     },
     /// Time passed: expire what is due.
     Tick,
+    /// A new configuration, validated: the policy changed (a policy resource was
+    /// edited, the file was reloaded). Journaled like any input, so a replay reaches
+    /// the same state under the same configurations in the same order.
+    Configure {
+        /// The configuration from now on.
+        config: Box<Config>,
+    },
 }
 
 /// An operator's override, validated at the edge by [`Engine::check_command`].
@@ -166,6 +173,7 @@ impl Engine {
             global_freeze: None,
             dry_run: None,
             published: Published::default(),
+            config: None,
         }
     }
 
@@ -174,21 +182,8 @@ impl Engine {
     /// re-mapped under the current config.
     pub fn new(config: Config, mut state: EngineState, now: Timestamp) -> Engine {
         let mapper = Mapper::new(&config);
-        state
-            .models
-            .retain(|name, _| config.models.contains_key(name));
-        for (name, model) in &config.models {
-            let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
-            state
-                .models
-                .entry(name.clone())
-                .or_insert_with(|| ModelState::new(primary, now));
-        }
-        for record in state.alerts.values_mut() {
-            let mapped = mapper.map(&record.alert.labels);
-            record.unmapped = mapped.as_ref().err().map(|u| u.0.clone());
-            record.condition = mapped.ok();
-        }
+        fit(&mut state, &config, &mapper, now);
+        state.config = Some(Box::new(config.clone()));
         if config.dry_run && state.dry_run.is_none() {
             state.dry_run = Some(OverrideInfo {
                 reason: "dry_run: true in the configuration".to_owned(),
@@ -239,6 +234,7 @@ impl Engine {
                 self.reports(gateway, endpoints, now, &mut out)
             }
             Input::Command { command } => self.command(command, now, &mut out),
+            Input::Configure { config } => self.configure(*config, now, &mut out),
             Input::Tick => {}
         }
         self.expire_alerts(now, &mut out);
@@ -252,6 +248,24 @@ impl Engine {
             changed: !is_tick || !out.is_empty(),
             decisions: out,
         }
+    }
+
+    /// Puts `config` in force. Models it no longer has leave the table; new ones start
+    /// on the normal rung; a model whose active pool is gone starts over on the normal
+    /// rung in its new primary (and the evaluation that follows escalates it at once
+    /// if its alerts say so); every other model keeps its place, and moves by its new
+    /// timings from now. Alerts are mapped again under the new rules.
+    fn configure(&mut self, config: Config, now: Timestamp, out: &mut Vec<Decision>) {
+        let mapper = Mapper::new(&config);
+        let fitted = fit(&mut self.state, &config, &mapper, now);
+        self.state.config = Some(Box::new(config.clone()));
+        self.config = config;
+        self.mapper = mapper;
+        out.push(Decision::Configured {
+            added: fitted.added,
+            removed: fitted.removed,
+            reset: fitted.reset,
+        });
     }
 
     /// The published route table.
@@ -1169,4 +1183,51 @@ pub fn check_command(config: &Config, command: &Command) -> Result<(), String> {
         Command::Unblock { endpoint, .. } => non_empty("endpoint", endpoint),
         Command::UnblockAll { .. } | Command::DryRun { .. } => Ok(()),
     }
+}
+
+/// What fitting the state to a configuration changed.
+struct Fitted {
+    added: Vec<String>,
+    removed: Vec<String>,
+    reset: Vec<String>,
+}
+
+/// Fits `state` to `config`: models it no longer has are dropped, new ones start
+/// healthy, one whose active pool is gone starts over in its primary; alerts are
+/// mapped again under `mapper`.
+fn fit(state: &mut EngineState, config: &Config, mapper: &Mapper, now: Timestamp) -> Fitted {
+    let mut fitted = Fitted {
+        added: Vec::new(),
+        removed: Vec::new(),
+        reset: Vec::new(),
+    };
+    state.models.retain(|name, _| {
+        let kept = config.models.contains_key(name);
+        if !kept {
+            fitted.removed.push(name.clone());
+        }
+        kept
+    });
+    for (name, model) in &config.models {
+        let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
+        match state.models.get_mut(name) {
+            None => {
+                state
+                    .models
+                    .insert(name.clone(), ModelState::new(primary, now));
+                fitted.added.push(name.clone());
+            }
+            Some(st) if !model.pools.iter().any(|p| p.name() == st.pool) => {
+                *st = ModelState::new(primary, now);
+                fitted.reset.push(name.clone());
+            }
+            Some(_) => {}
+        }
+    }
+    for record in state.alerts.values_mut() {
+        let mapped = mapper.map(&record.alert.labels);
+        record.unmapped = mapped.as_ref().err().map(|u| u.0.clone());
+        record.condition = mapped.ok();
+    }
+    fitted
 }

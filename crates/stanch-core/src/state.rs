@@ -43,6 +43,12 @@ pub struct EngineState {
     pub dry_run: Option<OverrideInfo>,
     /// What gateways were last given.
     pub published: Published,
+    /// The configuration in force: a restart replays the journal after a snapshot
+    /// under the configuration the snapshot was taken under, as its inputs were first
+    /// stepped, whatever configuration the restart is given. (`None` in a snapshot
+    /// written before this was kept: the restart's own is used.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Box<crate::Config>>,
 }
 
 /// The content of the last published route table.

@@ -173,7 +173,14 @@ impl EngineTask {
             Some((state, seq)) => (state, seq),
             None => (Engine::fresh_state(new_epoch(now), now), 0),
         };
-        let mut engine = Engine::new(config, state, now);
+        // The journal is replayed under the configuration its inputs were first stepped
+        // under: the one in force when the snapshot was taken.
+        let replay_config = state
+            .config
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| config.clone());
+        let mut engine = Engine::new(replay_config, state, now);
         let replayed = loaded.journal.len();
         for record in loaded.journal {
             engine.step(record.input, record.at);
@@ -182,7 +189,17 @@ impl EngineTask {
         // What is durable now; published as it is if the start's own records cannot
         // be written, so no version is shown that a crash could take back.
         let restored = snapshot_of(&engine, now);
-        let first = engine.step(Input::Tick, now);
+        // The configuration given at start is the one in force from now on; if it is
+        // not the one the journal left, the change is an input like any policy change.
+        let first_input = if engine.config() == &config {
+            Input::Tick
+        } else {
+            Input::Configure {
+                config: Box::new(config),
+            }
+        };
+        let reconfigured = !matches!(first_input, Input::Tick);
+        let first = engine.step(first_input.clone(), now);
         info!(
             epoch = %engine.state().epoch,
             version = engine.state().version,
@@ -201,7 +218,7 @@ impl EngineTask {
             unsynced.push(Record {
                 seq: next_seq,
                 at: now,
-                input: Input::Tick,
+                input: first_input,
             });
             next_seq += 1;
         }
@@ -220,6 +237,12 @@ impl EngineTask {
         };
         let published = match written {
             Ok(()) => {
+                // A change of policy at start is in the history, once it is durable.
+                if reconfigured
+                    && let Err(e) = history.record(now, &first.decisions, engine.dry_run())
+                {
+                    warn!(error = %e, "cannot write the history file; entries kept in memory only");
+                }
                 unsynced.clear();
                 needs_snapshot = false;
                 snapshot_of(&engine, now)

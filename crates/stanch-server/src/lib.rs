@@ -34,7 +34,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::auth::Tokens;
 use crate::clock::Clock;
 use crate::config::ServerConfig;
-use crate::engine_task::EngineTask;
+use crate::engine_task::{EngineHandle, EngineTask, EngineUnavailable};
 use crate::history::History;
 use crate::metrics::Metrics;
 use crate::net::ConnLimits;
@@ -114,6 +114,20 @@ pub struct Controller {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    engine: EngineHandle,
+    shared: Arc<api::Shared>,
+}
+
+/// Why a new policy was not put in force.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigureError {
+    /// The policy is not valid; nothing changed.
+    #[error("{0}")]
+    Invalid(#[from] stanch_core::ConfigError),
+    /// The engine could not take it (the store is failing, or it is stopping); nothing
+    /// changed.
+    #[error("the engine could not take the new policy: {0}")]
+    Unavailable(#[from] EngineUnavailable),
 }
 
 impl Controller {
@@ -209,7 +223,8 @@ impl Controller {
             started.health.clone(),
             reconcile_wake,
         );
-        let app = api::router(Arc::new(shared));
+        let shared = Arc::new(shared);
+        let app = api::router(shared.clone());
         tasks.spawn(started.task.run(until_stopped()));
         let scheme = if tls.is_some() { "https" } else { "http" };
         tasks.spawn(
@@ -223,12 +238,37 @@ impl Controller {
             .instrument(info_span!("http", %addr)),
         );
         info!(%addr, scheme, "stanch controller listening");
-        Ok(Controller { addr, stop, tasks })
+        Ok(Controller {
+            addr,
+            stop,
+            tasks,
+            engine: started.handle.clone(),
+            shared,
+        })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Puts a new policy in force, live: validated first (an invalid one changes
+    /// nothing), then applied and journaled like any input, so it is durable when
+    /// this returns. Models keep their place on the ladder unless their active pool
+    /// is gone (`Decision::Configured`).
+    pub async fn configure(&self, config: Config) -> Result<(), ConfigureError> {
+        let problems = config.validate();
+        if !problems.is_empty() {
+            return Err(stanch_core::ConfigError::Invalid(problems).into());
+        }
+        let shared = Arc::new(config.clone());
+        self.engine
+            .apply(stanch_core::Input::Configure {
+                config: Box::new(config),
+            })
+            .await?;
+        self.shared.config.store(shared);
+        Ok(())
     }
 
     /// Stops serving, lets the engine save its state, and waits for every task.

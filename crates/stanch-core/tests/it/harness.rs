@@ -13,6 +13,7 @@
 //! at 40s   release qwen-72b | freeze [model] | thaw [model] | block EP [model] | unblock EP [model]
 //! at 40s   unblock-all | dry-run on|off | reconcile NAME... | tick
 //! at 50s   report GATEWAY ENDPOINT model=M ok=N fail=N streak=N
+//! at 60s   configure YAML...           (the whole configuration from now on, in flow style)
 //! run until 10m        (ticks at every wake-up the engine asks for, as the server does)
 //! ```
 //!
@@ -232,6 +233,11 @@ pub fn run(text: &str) -> String {
                 as_of: now,
             },
             "tick" => Input::Tick,
+            "configure" => Input::Configure {
+                config: Box::new(
+                    Config::from_yaml(&rest.join(" ")).unwrap_or_else(|e| panic!("configure: {e}")),
+                ),
+            },
             "report" => {
                 let num = |k: &str| named.get(k).map_or(0, |v| v.parse::<u64>().unwrap());
                 Input::Reports {

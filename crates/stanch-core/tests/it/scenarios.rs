@@ -41,6 +41,7 @@ scenarios!(
     static_when_everything_fails,
     flap_guard_pins,
     a_model_recovers_by_its_own_timings,
+    a_policy_changed_mid_incident,
     backoff_doubles_recover_after,
     prometheus_alerts_expire,
     duplicates_and_out_of_order,

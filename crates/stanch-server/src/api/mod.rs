@@ -11,6 +11,7 @@ mod watch;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use arc_swap::ArcSwap;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -51,8 +52,8 @@ pub struct Shared {
     pub tokens: Tokens,
     /// Wall-clock time.
     pub clock: Arc<dyn Clock>,
-    /// The policy in force.
-    pub config: Arc<Config>,
+    /// The policy in force (replaced when it changes).
+    pub config: ArcSwap<Config>,
     /// The controller's own settings (intake and watch limits).
     pub server: Arc<ServerConfig>,
     /// The state store's health.
@@ -94,7 +95,7 @@ impl Shared {
             store,
             watchers: AtomicUsize::new(0),
             bodies: BodyBudget::new(server.intake.max_partial_body_bytes),
-            config,
+            config: ArcSwap::new(config),
             server,
             reconcile,
         }

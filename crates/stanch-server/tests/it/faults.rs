@@ -51,6 +51,11 @@ enum Op {
         extra: u16,
         ops: u8,
     },
+    /// The policy changes: with an extra model, or back to the one every start is
+    /// given (which a restart then puts back in force, as a change of its own).
+    Configure {
+        extra_model: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -63,6 +68,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Release),
         2 => (1u16..400).prop_map(Op::Advance),
         1 => (0u16..3000, 1u8..6).prop_map(|(extra, ops)| Op::FillDisk { extra, ops }),
+        1 => any::<bool>().prop_map(|extra_model| Op::Configure { extra_model }),
     ]
 }
 
@@ -230,6 +236,18 @@ fn alert(n: u8, status: AlertStatus, at: Timestamp) -> Input {
     }
 }
 
+/// The policy every start is given, or the same with one more model: a change that
+/// shows in the published table, so a replay under the wrong policy would publish
+/// different content under a version already seen.
+fn policy(extra_model: bool) -> stanch_core::Config {
+    let mut c = test_config();
+    if extra_model {
+        let small = c.models["qwen-14b"].clone();
+        c.models.insert("qwen-7b".into(), small);
+    }
+    c
+}
+
 fn command(command: Command) -> Input {
     Input::Command { command }
 }
@@ -334,6 +352,9 @@ async fn case(rounds: Vec<Round>) -> Result<(), TestCaseError> {
                     full_until = Some(i + 1 + usize::from(ops));
                     continue;
                 }
+                Op::Configure { extra_model } => Input::Configure {
+                    config: Box::new(policy(extra_model)),
+                },
             };
             let acked = handle.apply(input).await.is_ok();
             match *op {
@@ -359,7 +380,7 @@ async fn case(rounds: Vec<Round>) -> Result<(), TestCaseError> {
                 Op::Release => {
                     Expect::note(expect.force.get_or_insert(Known::Unsure), acked, false)
                 }
-                Op::Advance(_) | Op::FillDisk { .. } => {}
+                Op::Advance(_) | Op::FillDisk { .. } | Op::Configure { .. } => {}
             }
             let snap = publisher.load();
             expect.published(&snap.table.epoch, snap.table.version, &snap.table.hash)?;

@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
 # Installs what stanch's tests run against, when missing: from Debian's packages a
-# real Alertmanager, Prometheus (for promtool), openssl, curl and Python; from PyPI the
-# OpenAI Python SDK, pinned, in a virtual environment under target/.
+# real Alertmanager, Prometheus (for promtool), openssl, curl and Python; from PyPI,
+# pinned, in a virtual environment under target/: the OpenAI Python SDK, and
+# kubernetes-validate and jsonschema (the CRDs against Kubernetes' own schemas, and
+# example resources against the CRDs').
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The OpenAI SDK the gateway is tested with (crates/stanch-gateway/tests/sdk).
-OPENAI_SDK="openai==3.57.0"
+# The OpenAI SDK the gateway is tested with (crates/stanch-gateway/tests/sdk), and the
+# validators of stanch-kube's CRDs (crates/stanch-kube/tests).
+PY_PACKAGES=(openai==3.57.0 kubernetes-validate==1.37.0 jsonschema==4.26.0)
 VENV=target/test-venv
 
-install_sdk() {
-  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '${OPENAI_SDK#openai==}')" 2>/dev/null; then
+install_python() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "${PY_PACKAGES[@]}" 2>/dev/null <<'PY'
+import importlib.metadata as m, sys
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    if m.version(name) != version:
+        sys.exit(1)
+PY
+  then
     return
   fi
-  echo "install-test-deps: installing $OPENAI_SDK in $VENV" >&2
+  echo "install-test-deps: installing ${PY_PACKAGES[*]} in $VENV" >&2
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "$OPENAI_SDK"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 }
 
 need=()
@@ -28,7 +38,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -eq 0 ]; then
-  install_sdk
+  install_python
   exit 0
 fi
 
@@ -47,4 +57,4 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
 fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-install_sdk
+install_python

@@ -178,3 +178,61 @@ spec:
     assert_eq!(policy.config.pools.len(), 2);
     assert_eq!(policy.mappings[0].pool_label.as_deref(), Some("pool"));
 }
+
+/// The Python with the validators: `STANCH_TEST_PYTHON` (which `scripts/test.sh`
+/// sets), else the virtual environment `scripts/install-test-deps.sh` makes.
+fn python() -> PathBuf {
+    let venv = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../target/test-venv/bin/python"
+    ));
+    match std::env::var_os("STANCH_TEST_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None if venv.exists() => venv,
+        None => panic!(
+            "STANCH_TEST_PYTHON is not set: run scripts/test.sh (it installs kubernetes-validate \
+             and jsonschema in a virtual environment)"
+        ),
+    }
+}
+
+/// The committed CRDs pass Kubernetes' own schema for a CustomResourceDefinition
+/// (kubernetes-validate, for the oldest Kubernetes the CRDs are for), the example
+/// resources pass the CRDs' schemas, and resources the schemas must refuse are
+/// refused.
+#[test]
+fn the_crds_pass_kubernetes_schemas_and_hold_resources_to_theirs() {
+    let fixtures = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
+    let out = std::process::Command::new(python())
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/validate.py"))
+        .arg(committed())
+        .arg("1.33.0")
+        .arg(fixtures.join("policy-qwen-72b.yaml"))
+        .arg(fixtures.join("routetable.yaml"))
+        .arg("--invalid")
+        .arg(fixtures.join("policies-invalid.yaml"))
+        .output()
+        .expect("python runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches(": refused:").count(), 5, "{text}");
+    assert_eq!(text.matches("valid against its CRD").count(), 2, "{text}");
+}
+
+/// The example policy the schema accepts is one the controller accepts too.
+#[test]
+fn the_example_policy_is_one_the_controller_takes() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/policy-qwen-72b.yaml"
+    ))
+    .unwrap();
+    let resource: StanchPolicy = serde_yaml::from_str(&text).unwrap();
+    let policy = Policy::check(&resource.spec, &stanch_core::Config::default_config())
+        .unwrap_or_else(|p| panic!("{p:?}"));
+    assert_eq!(policy.mappings.len(), 2);
+}

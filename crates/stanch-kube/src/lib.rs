@@ -1,14 +1,16 @@
 //! stanch in Kubernetes: an adapter around the engine, like the HTTP intake. It owns
 //! the custom resources ([`crd`]): a policy per model, whose spec becomes the model's
 //! configuration ([`policy`]) and whose status shows its place on the ladder, and the
-//! route-table resource, whose status is the published table. stanch-core never sees a
-//! Kubernetes type.
+//! route-table resource, whose status is the published table; [`merge`] decides the
+//! policy in force when the configuration file and resources are used together.
+//! stanch-core never sees a Kubernetes type.
 //!
 //! The CRDs are generated from these types ([`crds`], `stanch crdgen`) and committed
 //! under `charts/stanch/crds/`; a test fails when the committed files differ from what
 //! the types generate.
 
 pub mod crd;
+pub mod merge;
 pub mod policy;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

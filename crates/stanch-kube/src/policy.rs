@@ -25,9 +25,10 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Reads `spec`, and checks it within `base` (the configuration it joins): the
-    /// policy, or every problem found, each at its path in the resource.
-    pub fn check(spec: &StanchPolicySpec, base: &Config) -> Result<Policy, Vec<Problem>> {
+    /// Reads `spec` as configuration, without checking it against anything: the
+    /// policy, and the problems reading found (durations that do not read, which stand
+    /// as one second in the policy returned).
+    pub fn read(spec: &StanchPolicySpec) -> (Policy, Vec<Problem>) {
         let mut problems = Vec::new();
         let policy = Policy {
             model: spec.model.clone(),
@@ -58,6 +59,13 @@ impl Policy {
                 .map(|m| mapping(m, &spec.model))
                 .collect(),
         };
+        (policy, problems)
+    }
+
+    /// Reads `spec`, and checks it within `base` (the configuration it joins): the
+    /// policy, or every problem found, each at its path in the resource.
+    pub fn check(spec: &StanchPolicySpec, base: &Config) -> Result<Policy, Vec<Problem>> {
+        let (policy, mut problems) = Policy::read(spec);
         let mut joined = base.clone();
         joined
             .models

@@ -1,0 +1,321 @@
+//! A policy's status from what the controller published: the model's place on the
+//! ladder, its blocked endpoints, and Kubernetes-style conditions, `Ready` (is the
+//! spec in force?), `Degraded` (is the model off the normal rung?) and `Overridden`
+//! (does an operator hold it?).
+//!
+//! [`next`] gives the status to write, or `None` when nothing changed, so that a
+//! controller writes only on change; a condition keeps its `lastTransitionTime` while
+//! its status stays the same, as Kubernetes' conventions ask.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use stanch_api::status::ModelStatus;
+use stanch_api::{BlockedEndpoint, ModelRoute, Rung, Timestamp};
+
+use crate::crd::{PolicyBlock, StanchPolicyStatus};
+use crate::merge::Outcome;
+
+/// The longest condition message written (the API server allows 32 KiB).
+const MAX_MESSAGE: usize = 1024;
+
+/// What the controller knows of a policy's model now.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The policy's model.
+    pub name: &'a str,
+    /// The resource's `metadata.generation`.
+    pub generation: Option<i64>,
+    /// What became of the resource's spec.
+    pub outcome: &'a Outcome,
+    /// The model's published route entry, if the table has one.
+    pub route: Option<&'a ModelRoute>,
+    /// The model's status as decided (overrides, freezes).
+    pub model: Option<&'a ModelStatus>,
+    /// The published table's blocks (those for the model, or for every model, are
+    /// the policy's).
+    pub blocked: &'a [BlockedEndpoint],
+    /// Now, for conditions that change.
+    pub now: Timestamp,
+}
+
+/// The status to write for `observed`, or `None` when `previous` already says it all.
+pub fn next(
+    previous: Option<&StanchPolicyStatus>,
+    observed: &Observed<'_>,
+) -> Option<StanchPolicyStatus> {
+    let mut status = desired(observed);
+    // Conditions whose status did not change keep their transition time.
+    for c in &mut status.conditions {
+        if let Some(old) = previous
+            .into_iter()
+            .flat_map(|p| &p.conditions)
+            .find(|o| o.type_ == c.type_ && o.status == c.status)
+        {
+            c.last_transition_time = old.last_transition_time.clone();
+        }
+    }
+    (previous != Some(&status)).then_some(status)
+}
+
+fn desired(o: &Observed<'_>) -> StanchPolicyStatus {
+    let route = o.route.filter(|_| o.outcome.in_force());
+    let model = route.and(o.model);
+    let overridden = route.is_some_and(|r| r.overridden);
+    let frozen = model.is_some_and(|m| m.freeze.is_some());
+    let blocked_endpoints = o
+        .blocked
+        .iter()
+        .filter(|_| route.is_some())
+        .filter(|b| b.model.as_deref().is_none_or(|m| m == o.name))
+        .map(|b| PolicyBlock {
+            endpoint: b.endpoint.clone(),
+            until: b.until,
+            reason: b.reason.clone(),
+        })
+        .collect();
+    let condition = |type_: &str, on: bool, reason: &str, message: String| Condition {
+        type_: type_.to_owned(),
+        status: if on { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message: bounded(message),
+        observed_generation: o.generation,
+        last_transition_time: time(o.now),
+    };
+    let ready = match o.outcome {
+        Outcome::InForce => condition("Ready", true, "InForce", "the spec is in force".into()),
+        Outcome::ReplacesFile => condition(
+            "Ready",
+            true,
+            "ReplacesFile",
+            "the spec is in force, in place of the configuration file's entry for the model".into(),
+        ),
+        Outcome::Duplicate(winner) => condition(
+            "Ready",
+            false,
+            "Duplicate",
+            format!("{winner} is older and in force for the same model; this spec is not"),
+        ),
+        Outcome::Invalid(problems) => condition(
+            "Ready",
+            false,
+            "Invalid",
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+    };
+    let degraded = match route {
+        Some(r) if r.rung != Rung::Normal => {
+            condition("Degraded", true, rung_reason(r.rung), r.reason.clone())
+        }
+        _ => condition("Degraded", false, "Normal", "on the normal rung".into()),
+    };
+    let held = match (
+        route.filter(|r| r.overridden),
+        model.and_then(|m| m.freeze.as_ref()),
+    ) {
+        (Some(r), _) => condition("Overridden", true, "Forced", r.reason.clone()),
+        (None, Some(f)) => condition("Overridden", true, "Frozen", f.reason.clone()),
+        (None, None) => condition("Overridden", false, "None", "no operator override".into()),
+    };
+    StanchPolicyStatus {
+        observed_generation: o.generation,
+        rung: route.map(|r| r.rung),
+        active_pool: route.map(|r| r.pool.clone()),
+        alias: route.and_then(|r| r.alias.clone()),
+        reason: route.map(|r| r.reason.clone()),
+        since: route.map(|r| r.since),
+        lease_until: route.map(|r| r.lease_until),
+        overridden,
+        frozen,
+        blocked_endpoints,
+        conditions: vec![ready, degraded, held],
+    }
+}
+
+/// A condition's reason for a rung: `Failover`, `Degraded`, `Static`.
+fn rung_reason(rung: Rung) -> &'static str {
+    match rung {
+        Rung::Normal => "Normal",
+        Rung::Failover => "Failover",
+        Rung::Degraded => "Degraded",
+        Rung::Static => "Static",
+    }
+}
+
+/// At most [`MAX_MESSAGE`] bytes, cut at a character boundary.
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE - 3;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("...");
+    }
+    message
+}
+
+/// A Kubernetes `Time` (to the second, as the API server keeps it).
+fn time(t: Timestamp) -> Time {
+    let seconds = t.as_millis().div_euclid(1000);
+    Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use stanch_core::Problem;
+
+    use super::*;
+
+    fn route(rung: Rung, overridden: bool) -> ModelRoute {
+        ModelRoute {
+            rung,
+            pool: "dc-b".into(),
+            alias: None,
+            alias_exempt: vec![],
+            faq: None,
+            since: Timestamp::from_millis(1_000),
+            lease_until: Timestamp::from_millis(121_000),
+            reason: "pool dc-a failing".into(),
+            alerts: vec![],
+            overridden,
+        }
+    }
+
+    fn observed<'a>(
+        outcome: &'a Outcome,
+        route: Option<&'a ModelRoute>,
+        blocked: &'a [BlockedEndpoint],
+        now: i64,
+    ) -> Observed<'a> {
+        Observed {
+            name: "qwen-72b",
+            generation: Some(3),
+            outcome,
+            route,
+            model: None,
+            blocked,
+            now: Timestamp::from_millis(now),
+        }
+    }
+
+    fn condition<'a>(s: &'a StanchPolicyStatus, type_: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn the_status_says_where_the_model_is_and_why() {
+        let r = route(Rung::Failover, false);
+        let blocked = [
+            BlockedEndpoint {
+                endpoint: "a:1".into(),
+                model: Some("qwen-72b".into()),
+                until: Timestamp::from_millis(9),
+                reason: "fleet".into(),
+            },
+            BlockedEndpoint {
+                endpoint: "b:1".into(),
+                model: Some("qwen-14b".into()),
+                until: Timestamp::from_millis(9),
+                reason: "fleet".into(),
+            },
+            BlockedEndpoint {
+                endpoint: "c:1".into(),
+                model: None,
+                until: Timestamp::from_millis(9),
+                reason: "drill".into(),
+            },
+        ];
+        let s = next(
+            None,
+            &observed(&Outcome::InForce, Some(&r), &blocked, 5_000),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.rung, s.active_pool.as_deref()),
+            (Some(Rung::Failover), Some("dc-b"))
+        );
+        assert_eq!(s.observed_generation, Some(3));
+        let endpoints: Vec<&str> = s
+            .blocked_endpoints
+            .iter()
+            .map(|b| b.endpoint.as_str())
+            .collect();
+        assert_eq!(
+            endpoints,
+            ["a:1", "c:1"],
+            "its own and every model's, not another's"
+        );
+        assert_eq!(condition(&s, "Ready").status, "True");
+        let degraded = condition(&s, "Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "Failover")
+        );
+        assert_eq!(degraded.message, "pool dc-a failing");
+        assert_eq!(condition(&s, "Overridden").status, "False");
+    }
+
+    /// Nothing to write when nothing changed, whatever the time; a condition that
+    /// flips gets a new transition time, the others keep theirs.
+    #[test]
+    fn a_status_is_written_only_when_it_changes() {
+        let r = route(Rung::Failover, false);
+        let first = next(None, &observed(&Outcome::InForce, Some(&r), &[], 5_000)).unwrap();
+        assert!(
+            next(
+                Some(&first),
+                &observed(&Outcome::InForce, Some(&r), &[], 65_000)
+            )
+            .is_none()
+        );
+        let forced = route(Rung::Failover, true);
+        let second = next(
+            Some(&first),
+            &observed(&Outcome::InForce, Some(&forced), &[], 65_000),
+        )
+        .unwrap();
+        assert_eq!(condition(&second, "Overridden").status, "True");
+        assert_eq!(
+            condition(&second, "Overridden").last_transition_time,
+            time(Timestamp::from_millis(65_000))
+        );
+        assert_eq!(
+            condition(&second, "Ready").last_transition_time,
+            time(Timestamp::from_millis(5_000)),
+            "kept"
+        );
+    }
+
+    #[test]
+    fn a_refused_spec_says_why_and_shows_no_place_on_the_ladder() {
+        let r = route(Rung::Failover, false);
+        let invalid = Outcome::Invalid(vec![Problem {
+            path: "spec.faq".into(),
+            message: "FAQ set \"nope\" is not in faq_sets".into(),
+        }]);
+        let s = next(None, &observed(&invalid, Some(&r), &[], 5_000)).unwrap();
+        let ready = condition(&s, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Invalid")
+        );
+        assert!(
+            ready.message.contains("spec.faq: FAQ set"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(s.rung, None, "the model's entry is not this spec's");
+        let duplicate = Outcome::Duplicate("team-a/big".into());
+        let s = next(None, &observed(&duplicate, Some(&r), &[], 5_000)).unwrap();
+        assert!(condition(&s, "Ready").message.contains("team-a/big"));
+        let long = Outcome::Invalid(vec![Problem {
+            path: "spec".into(),
+            message: "é".repeat(2000),
+        }]);
+        let s = next(None, &observed(&long, None, &[], 0)).unwrap();
+        assert!(condition(&s, "Ready").message.len() <= MAX_MESSAGE);
+    }
+}

@@ -12,6 +12,7 @@
 pub mod crd;
 pub mod merge;
 pub mod policy;
+pub mod shards;
 pub mod status;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

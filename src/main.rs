@@ -250,6 +250,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         tls: args.tls_cert.zip(args.tls_key),
         alertmanager_token: am_token,
         limits: ConnLimits::default(),
+        // One process, without a cluster: it decides.
+        leadership: stanch_server::leadership::Leadership::single(),
     };
     let runtime = if args.worker_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()

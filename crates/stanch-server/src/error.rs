@@ -36,6 +36,12 @@ pub enum ApiError {
     /// A fault worth retrying (the store cannot write, the engine is stopping).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// This replica follows; the leader takes writes.
+    #[error("this replica is not the leader")]
+    NotLeader {
+        /// The leader's identity, if known.
+        leader: Option<String>,
+    },
 }
 
 impl ApiError {
@@ -57,9 +63,13 @@ impl ApiError {
             ApiError::Busy => "busy",
             ApiError::NotFound(_) => "not_found",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::NotLeader { .. } => "not_leader",
         }
     }
 }
+
+/// The leader's identity, on a follower's refusal.
+pub const LEADER: &str = "x-stanch-leader";
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -70,7 +80,9 @@ impl IntoResponse for ApiError {
             ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NotLeader { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         };
         let detail = match &self {
             ApiError::Invalid { detail, .. } => detail.clone(),
@@ -80,6 +92,12 @@ impl IntoResponse for ApiError {
             ApiError::Busy => self.to_string(),
             ApiError::NotFound(what) => what.clone(),
             ApiError::Unavailable(why) => why.clone(),
+            ApiError::NotLeader { leader } => match leader {
+                Some(l) => format!("this replica is not the leader ({l} is); retry"),
+                None => {
+                    "this replica is not the leader, and no leader is known yet; retry".to_owned()
+                }
+            },
         };
         let body = ErrorBody {
             error: self.kind().to_owned(),
@@ -102,6 +120,12 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unavailable(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::NotLeader { leader } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                if let Some(value) = leader.and_then(|l| HeaderValue::from_str(&l).ok()) {
+                    headers.insert(LEADER, value);
+                }
             }
             _ => {}
         }

@@ -13,6 +13,7 @@ pub mod engine_task;
 pub mod error;
 pub mod gateways;
 pub mod history;
+pub mod leadership;
 pub mod metrics;
 /// The listener, shared with the gateway.
 pub use stanch_net as net;
@@ -36,6 +37,7 @@ use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::engine_task::{EngineHandle, EngineTask, EngineUnavailable};
 use crate::history::History;
+use crate::leadership::Leadership;
 use crate::metrics::Metrics;
 use crate::net::ConnLimits;
 use crate::reconcile::Reconciler;
@@ -58,6 +60,8 @@ pub struct Settings {
     pub alertmanager_token: Option<SecretString>,
     /// Connection limits.
     pub limits: ConnLimits,
+    /// Whether this replica decides ([`Leadership::single`] without a cluster).
+    pub leadership: Arc<Leadership>,
 }
 
 impl Settings {
@@ -72,6 +76,7 @@ impl Settings {
             tls: None,
             alertmanager_token: None,
             limits: ConnLimits::default(),
+            leadership: Leadership::single(),
         }
     }
 }
@@ -222,6 +227,7 @@ impl Controller {
             Arc::new(server),
             started.health.clone(),
             reconcile_wake,
+            settings.leadership.clone(),
         );
         let shared = Arc::new(shared);
         let app = api::router(shared.clone());
@@ -250,6 +256,11 @@ impl Controller {
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Whether this replica decides, as the election sets it.
+    pub fn leadership(&self) -> &Arc<Leadership> {
+        &self.shared.leadership
     }
 
     /// Puts a new policy in force, live: validated first (an invalid one changes

@@ -32,6 +32,7 @@ use crate::engine_task::{EngineHandle, EngineUnavailable, StoreHealth};
 use crate::error::ApiError;
 use crate::gateways::Gateways;
 use crate::history::History;
+use crate::leadership::Leadership;
 use crate::metrics::{KindLabel, Metrics};
 use crate::net::body::{BodyBudget, BodyError, BodyLimits, read_whole};
 use crate::publish::Publisher;
@@ -60,6 +61,8 @@ pub struct Shared {
     pub store: Arc<StoreHealth>,
     /// Wakes the Alertmanager reconciler, when one runs.
     pub reconcile: Option<Arc<Notify>>,
+    /// Whether this replica decides: followers refuse writes.
+    pub leadership: Arc<Leadership>,
     /// Connected watchers (long-poll and SSE).
     watchers: AtomicUsize,
     /// The bytes of request bodies still arriving.
@@ -83,6 +86,7 @@ impl Shared {
         server: Arc<ServerConfig>,
         store: Arc<StoreHealth>,
         reconcile: Option<Arc<Notify>>,
+        leadership: Arc<Leadership>,
     ) -> Shared {
         Shared {
             engine,
@@ -98,6 +102,7 @@ impl Shared {
             config: ArcSwap::new(config),
             server,
             reconcile,
+            leadership,
         }
     }
 }
@@ -134,6 +139,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/alerts/alertmanager", post(intake::alertmanager))
         .route("/api/v2/alerts", post(intake::prometheus))
         .route("/v1/reports", post(intake::reports))
+        .route_layer(middleware::from_fn_with_state(state.clone(), leader_only))
         .route_layer(middleware::from_fn_with_state(
             (state.clone(), Role::Ingest),
             require,
@@ -150,6 +156,7 @@ pub fn router(state: AppState) -> Router {
             post(admin::apply::<UnblockAllRequest>),
         )
         .route("/v1/admin/dry-run", post(admin::apply::<DryRunRequest>))
+        .route_layer(middleware::from_fn_with_state(state.clone(), leader_only))
         .route_layer(middleware::from_fn_with_state(
             (state.clone(), Role::Admin),
             require,
@@ -183,6 +190,20 @@ async fn require(
 ) -> Result<Response, ApiError> {
     state.tokens.check(role, request.headers())?;
     Ok(next.run(request).await)
+}
+
+/// What changes state is the leader's to take: a follower answers 503 with
+/// `Retry-After`, naming the leader (after authentication, so only callers with a
+/// token learn it).
+async fn leader_only(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    match state.leadership.role() {
+        crate::leadership::Role::Leader => Ok(next.run(request).await),
+        crate::leadership::Role::Follower { leader } => Err(ApiError::NotLeader { leader }),
+    }
 }
 
 /// A request body read whole within `intake.*`: its size, its deadline and the

@@ -242,3 +242,54 @@ async fn overrides_need_the_admin_token() {
         200
     );
 }
+
+/// A follower takes no writes: alerts, reports and overrides get 503 with
+/// `Retry-After`, naming the leader, and change nothing; reads are served. Once it
+/// leads, the same requests are taken.
+#[tokio::test]
+async fn a_follower_refuses_writes_and_names_the_leader() {
+    use stanch_server::leadership::Role;
+    let h = Harness::start().await;
+    let before = h.routes().await;
+    let leadership = h.controller.as_ref().unwrap().leadership().clone();
+    leadership.set(Role::Follower {
+        leader: Some("stanch-0".into()),
+    });
+    for r in [
+        h.webhook(fixture("alertmanager-v4-firing-failover.json"))
+            .await,
+        h.admin(
+            "force",
+            json!({"model": "qwen-14b", "rung": "static", "ttl": "1h", "reason": "drill"}),
+        )
+        .await,
+    ] {
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+        assert_eq!(r.headers()["x-stanch-leader"], "stanch-0");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "not_leader");
+    }
+    assert_eq!(
+        h.routes().await["version"],
+        before["version"],
+        "nothing changed"
+    );
+    // An unauthenticated caller learns nothing of the leader.
+    let anonymous = h
+        .post(
+            "/v1/alerts/alertmanager",
+            None,
+            fixture("alertmanager-v4-firing-failover.json"),
+        )
+        .await;
+    assert_eq!(anonymous.status(), 401);
+    assert!(anonymous.headers().get("x-stanch-leader").is_none());
+
+    leadership.set(Role::Leader);
+    let taken = h
+        .webhook(fixture("alertmanager-v4-firing-failover.json"))
+        .await;
+    assert_eq!(taken.status(), 200);
+    assert_eq!(h.routes().await["models"]["qwen-72b"]["rung"], "failover");
+}

@@ -10,6 +10,7 @@
 //! the types generate.
 
 pub mod crd;
+pub mod events;
 pub mod lease;
 pub mod merge;
 pub mod policy;

@@ -11,6 +11,8 @@
 
 pub mod crd;
 pub mod events;
+#[cfg(feature = "fake-apiserver")]
+pub mod fake;
 pub mod lease;
 pub mod merge;
 pub mod policy;

@@ -21,7 +21,10 @@
 //!   a watch from a version older than the history kept gets an `ERROR` event with a
 //!   `410 Expired` Status, as after etcd's compaction ([`FakeApiServer::compact`]).
 //!
-//! Where it simplifies: server-side apply merges the applied object into the live one
+//! Where it simplifies: compaction expires every watch that has not seen the newest
+//! revision (as a watch fallen behind etcd's compaction is), where a real API server's
+//! watch cache keeps most of them going with bookmarks; server-side apply merges the
+//! applied object into the live one
 //! and does not track field ownership, so it never answers `409` for a field another
 //! manager owns; no admission, defaulting or schema validation (the CRDs' schemas are
 //! tested apart); no label or field selectors; one API version per group; and

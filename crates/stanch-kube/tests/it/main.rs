@@ -1,4 +1,5 @@
 //! stanch-kube's tests: the committed CRDs, and the resources' shapes.
 
+mod client;
 mod crds;
 mod fake;

@@ -16,6 +16,7 @@ pub mod fake;
 pub mod lease;
 pub mod merge;
 pub mod policy;
+pub mod publish;
 pub mod shards;
 pub mod status;
 

@@ -173,3 +173,66 @@ async fn kubes_watcher_lists_watches_and_recovers_from_410() {
     wait_for("c", &mut seen, &mut errors).await;
     assert!(errors >= 1, "the watch expired and was recovered from");
 }
+
+/// The route-table resource's status is what the HTTP watch serves, byte for byte as
+/// JSON: a real controller's `/v1/routes`, written through the writer and read back
+/// with kubectl's eyes. A table already written is not written again.
+#[tokio::test]
+async fn the_route_table_resource_holds_what_the_watch_serves() {
+    use stanch_kube::crd::StanchRouteTable;
+    use stanch_kube::publish::RouteTableWriter;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let controller = stanch_server::Controller::start(
+        stanch_server::Settings::in_memory(stanch_core::Config::default_config()),
+        listener,
+        std::sync::Arc::new(stanch_server::clock::SystemClock),
+    )
+    .await
+    .unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let served: serde_json::Value = http
+        .get(format!("http://{}/v1/routes", controller.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let table: stanch_api::RouteTable = serde_json::from_value(served.clone()).unwrap();
+
+    let api = FakeApiServer::start().await;
+    let tables: Api<StanchRouteTable> = Api::namespaced(client(&api), "monitoring");
+    let mut writer = RouteTableWriter::new(tables.clone(), "stanch");
+    assert!(writer.write(&table).await.unwrap());
+    let resource = tables.get("stanch").await.unwrap();
+    let status = serde_json::to_value(resource.status.unwrap()).unwrap();
+    assert_eq!(
+        status["table"], served,
+        "the resource holds the watch's table"
+    );
+    let version = resource.metadata.resource_version;
+
+    assert!(
+        !writer.write(&table).await.unwrap(),
+        "the same table is not written again"
+    );
+    assert_eq!(
+        tables
+            .get("stanch")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        version
+    );
+    let mut next = table.clone();
+    next.version += 1;
+    assert!(writer.write(&next).await.unwrap());
+    let resource = tables.get("stanch").await.unwrap();
+    assert_eq!(
+        resource.status.unwrap().table.unwrap().version,
+        next.version
+    );
+    controller.shutdown().await;
+}

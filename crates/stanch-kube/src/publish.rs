@@ -1,0 +1,62 @@
+//! The route-table resource, written from each published table: its status is the
+//! table exactly as `GET /v1/routes` serves it, so `kubectl get stanchroutetable -o
+//! yaml` and a gateway following the resource see what the HTTP watch serves.
+//!
+//! Written by server-side apply under field manager [`FIELD_MANAGER`], the resource
+//! first (an empty spec), then its status; a table already written (same epoch and
+//! version) is not written again, so renewals of nothing do not reach the API server.
+
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use stanch_api::RouteTable;
+
+use crate::crd::{StanchRouteTable, StanchRouteTableStatus};
+
+/// The field manager of everything stanch writes.
+pub const FIELD_MANAGER: &str = "stanch";
+
+/// Writes published tables to one route-table resource.
+pub struct RouteTableWriter {
+    api: Api<StanchRouteTable>,
+    name: String,
+    /// The epoch and version last written.
+    written: Option<(String, u64)>,
+}
+
+impl RouteTableWriter {
+    /// A writer of the resource `name` through `api` (its namespace).
+    pub fn new(api: Api<StanchRouteTable>, name: impl Into<String>) -> RouteTableWriter {
+        RouteTableWriter {
+            api,
+            name: name.into(),
+            written: None,
+        }
+    }
+
+    /// Writes `table` unless it is the one last written: `true` when it wrote.
+    pub async fn write(&mut self, table: &RouteTable) -> Result<bool, kube::Error> {
+        let id = (table.epoch.clone(), table.version);
+        if self.written.as_ref() == Some(&id) {
+            return Ok(false);
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        if self.written.is_none() {
+            let resource = json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchRouteTable",
+                                  "metadata": {"name": self.name}, "spec": {}});
+            self.api
+                .patch(&self.name, &params, &Patch::Apply(&resource))
+                .await?;
+        }
+        let status = StanchRouteTableStatus {
+            table: Some(table.clone()),
+        };
+        let patch = json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchRouteTable",
+                           "status": status});
+        self.api
+            .patch_status(&self.name, &params, &Patch::Apply(&patch))
+            .await?;
+        self.written = Some(id);
+        Ok(true)
+    }
+}

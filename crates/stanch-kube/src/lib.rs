@@ -9,6 +9,7 @@
 //! under `charts/stanch/crds/`; a test fails when the committed files differ from what
 //! the types generate.
 
+pub mod adapter;
 pub mod crd;
 pub mod events;
 #[cfg(feature = "fake-apiserver")]

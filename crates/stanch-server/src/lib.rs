@@ -258,6 +258,16 @@ impl Controller {
         self.addr
     }
 
+    /// What is published now: the table and the status parts.
+    pub fn published(&self) -> Arc<crate::publish::Snapshot> {
+        self.shared.publisher.load()
+    }
+
+    /// Wakes on every new published version.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.shared.publisher.subscribe()
+    }
+
     /// Whether this replica decides, as the election sets it.
     pub fn leadership(&self) -> &Arc<Leadership> {
         &self.shared.leadership

@@ -1,0 +1,214 @@
+//! The policy adapter: policy resources in, the policy in force, their statuses and
+//! refusal Events out.
+//!
+//! A reflector keeps every `StanchPolicy` the controller may see. On every change, the
+//! listed resources and the configuration file are merged ([`crate::merge`]); a
+//! policy that differs from the one in force is put in force ([`Controller::configure`],
+//! journaled like any input), and a resource newly refused gets a `SpecRefused` Event.
+//! On every change and every published version, each resource's status is written if
+//! it changed ([`crate::status::next`]), by server-side apply under field manager
+//! `stanch`. Errors talking to the API server are logged and retried at the next
+//! change or version (the watcher backs off on its own); the policy in force stays.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use stanch_api::Timestamp;
+use stanch_core::Config;
+use stanch_server::Controller;
+use tracing::{info, warn};
+
+use crate::crd::StanchPolicy;
+use crate::merge::{Listed, Outcome, merge};
+use crate::publish::FIELD_MANAGER;
+use crate::status::{Observed, next};
+
+/// Where policies come from and who reports on them.
+pub struct Adapter {
+    client: Client,
+    /// The namespace to watch, or every namespace.
+    namespace: Option<String>,
+    /// The configuration file's policy, which resources are merged over.
+    file: Config,
+    /// This replica's name, for Events.
+    identity: String,
+    /// What each resource came to at the last merge.
+    outcomes: BTreeMap<String, Outcome>,
+    /// The policy last put in force.
+    in_force: Option<Config>,
+}
+
+impl Adapter {
+    /// An adapter watching `namespace` (or all) through `client`, over `file`.
+    pub fn new(
+        client: Client,
+        namespace: Option<String>,
+        file: Config,
+        identity: impl Into<String>,
+    ) -> Adapter {
+        Adapter {
+            client,
+            namespace,
+            file,
+            identity: identity.into(),
+            outcomes: BTreeMap::new(),
+            in_force: None,
+        }
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(
+        mut self,
+        controller: &Controller,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let api: Api<StanchPolicy> = match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let (store, writer) = reflector::store();
+        let mut changes = reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .boxed();
+        let mut versions = controller.subscribe();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                change = changes.next() => match change {
+                    None => return,
+                    Some(Err(e)) => warn!(error = %e, "watching policies"),
+                    Some(Ok(_)) => {
+                        let listed: Vec<Arc<StanchPolicy>> = store.state();
+                        self.apply(controller, &listed).await;
+                        self.write_statuses(controller, &listed).await;
+                    }
+                },
+                Ok(()) = versions.changed() => {
+                    let listed: Vec<Arc<StanchPolicy>> = store.state();
+                    self.write_statuses(controller, &listed).await;
+                }
+            }
+        }
+    }
+
+    /// Merges the listed resources over the file and puts the result in force if it
+    /// changed; a resource newly refused gets an Event.
+    async fn apply(&mut self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
+        let resources: Vec<Listed> = listed.iter().map(|p| listing(p)).collect();
+        let merged = merge(&self.file, &resources);
+        if self.in_force.as_ref() != Some(&merged.config) {
+            match controller.configure(merged.config.clone()).await {
+                Ok(()) => {
+                    info!(resources = resources.len(), "policy resources put in force");
+                    self.in_force = Some(merged.config);
+                }
+                Err(e) => {
+                    warn!(error = %e, "policy resources not put in force; the policy in force stays")
+                }
+            }
+        }
+        for p in listed {
+            let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+            let Some(outcome) = merged.outcomes.get(&key) else {
+                continue;
+            };
+            if self.outcomes.get(&key) != Some(outcome)
+                && let Some(said) = crate::events::refused(outcome)
+            {
+                self.event(p, said).await;
+            }
+        }
+        self.outcomes = merged.outcomes;
+    }
+
+    async fn event(&self, policy: &StanchPolicy, said: crate::events::Said) {
+        let namespace = policy.namespace().unwrap_or_default();
+        let regarding = ObjectReference {
+            api_version: Some("stanch.dev/v1alpha1".into()),
+            kind: Some("StanchPolicy".into()),
+            name: Some(policy.name_any()),
+            namespace: Some(namespace.clone()),
+            uid: policy.uid(),
+            resource_version: policy.resource_version(),
+            ..ObjectReference::default()
+        };
+        let event = crate::events::event(said, &regarding, &self.identity, now());
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        if let Err(e) = events.create(&PostParams::default(), &event).await {
+            warn!(error = %e, "cannot record an Event");
+        }
+    }
+
+    /// Writes each resource's status where it changed.
+    async fn write_statuses(&self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
+        let published = controller.published();
+        let none = Outcome::Invalid(Vec::new());
+        for p in listed {
+            let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+            let outcome = self.outcomes.get(&key).unwrap_or(&none);
+            let observed = Observed {
+                name: &p.spec.model,
+                generation: p.metadata.generation,
+                outcome,
+                route: published.table.models.get(&p.spec.model),
+                model: published.models.get(&p.spec.model),
+                blocked: &published.table.blocked,
+                now: now(),
+            };
+            let Some(status) = next(p.status.as_ref(), &observed) else {
+                continue;
+            };
+            let api: Api<StanchPolicy> =
+                Api::namespaced(self.client.clone(), &p.namespace().unwrap_or_default());
+            let patch = json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchPolicy", "status": status});
+            if let Err(e) = api
+                .patch_status(
+                    &p.name_any(),
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await
+            {
+                warn!(error = %e, policy = %key, "cannot write a policy's status");
+            }
+        }
+    }
+}
+
+/// A listed resource as the merge reads it.
+fn listing(p: &StanchPolicy) -> Listed {
+    let created = p
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(Timestamp::from_millis(0), |t| {
+            Timestamp::from_millis(t.0.as_millisecond())
+        });
+    Listed {
+        namespace: p.namespace().unwrap_or_default(),
+        name: p.name_any(),
+        created,
+        spec: p.spec.clone(),
+    }
+}
+
+/// The wall clock, for Events and condition times.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "Events and conditions are stamped with the wall clock"
+)]
+fn now() -> Timestamp {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    Timestamp::from_millis(ms)
+}

@@ -1,0 +1,152 @@
+//! The adapter against the fake API server and a real controller: policies are put in
+//! force live, each gets its status, and a refused one an Event.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use stanch_kube::adapter::Adapter;
+use stanch_kube::crd::StanchPolicy;
+use stanch_kube::fake::FakeApiServer;
+
+fn client(api: &FakeApiServer) -> kube::Client {
+    kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap()
+}
+
+fn policy(name: &str, spec: Value) -> StanchPolicy {
+    StanchPolicy::new(name, serde_json::from_value(spec).unwrap())
+}
+
+/// Polls `f` every 50 ms for up to 10 s.
+async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    for _ in 0..200 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test]
+async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events() {
+    let api = FakeApiServer::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let controller = Arc::new(
+        stanch_server::Controller::start(
+            stanch_server::Settings::in_memory(stanch_core::Config::default_config()),
+            listener,
+            Arc::new(stanch_server::clock::SystemClock),
+        )
+        .await
+        .unwrap(),
+    );
+    let adapter = Adapter::new(
+        client(&api),
+        Some("monitoring".into()),
+        stanch_core::Config::default_config(),
+        "stanch-0",
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = {
+        let controller = controller.clone();
+        tokio::spawn(async move {
+            adapter
+                .run(&controller, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        })
+    };
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let routes = || async {
+        http.get(format!("http://{}/v1/routes", controller.addr()))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    let policies: Api<StanchPolicy> = Api::namespaced(client(&api), "monitoring");
+
+    policies
+        .create(
+            &PostParams::default(),
+            &policy(
+                "small",
+                json!({"model": "qwen-7b", "pools": [{"name": "dc-a"}], "faq": "default"}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("the new model is served", || async {
+        routes().await["models"]["qwen-7b"].is_object()
+    })
+    .await;
+    eventually("its status says it is in force", || async {
+        let p = policies.get("small").await.unwrap();
+        p.status.is_some_and(|s| {
+            s.rung.is_some()
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+
+    policies
+        .create(
+            &PostParams::default(),
+            &policy(
+                "bad",
+                json!({"model": "qwen-3b", "pools": [{"name": "dc-a"}], "faq": "nope"}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("the refusal is in its status", || async {
+        let p = policies.get("bad").await.unwrap();
+        p.status.is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == "Ready"
+                    && c.status == "False"
+                    && c.reason == "Invalid"
+                    && c.message.contains("spec.faq")
+            })
+        })
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(client(&api), "monitoring");
+    eventually("and in an Event on it", || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("SpecRefused")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad")
+            })
+    })
+    .await;
+    assert!(
+        routes().await["models"]["qwen-3b"].is_null(),
+        "a refused spec changes nothing"
+    );
+
+    policies
+        .delete("small", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("a deleted policy's model leaves the table", || async {
+        routes().await["models"]["qwen-7b"].is_null()
+    })
+    .await;
+
+    let _ = stop.send(());
+    running.await.unwrap();
+}

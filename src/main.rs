@@ -96,6 +96,18 @@ struct ServeArgs {
     /// watchers and keeps memory flat (see docs/benchmarks.md); fsync runs on its own.
     #[arg(long, env = "STANCH_WORKER_THREADS", default_value_t = 1)]
     worker_threads: usize,
+    /// Take model policies from StanchPolicy resources too, merged over the file (a
+    /// resource wins for its model): the cluster's in-cluster configuration, or
+    /// KUBECONFIG.
+    #[arg(long, env = "STANCH_KUBERNETES_POLICIES")]
+    kubernetes_policies: bool,
+    /// The namespace whose policies are taken; every namespace when not given.
+    #[arg(
+        long,
+        env = "STANCH_KUBERNETES_NAMESPACE",
+        requires = "kubernetes_policies"
+    )]
+    kubernetes_namespace: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -270,7 +282,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(settings, args.listen, args.config)) {
+    let kubernetes = args.kubernetes_policies.then(|| Kubernetes {
+        namespace: args.kubernetes_namespace.clone(),
+    });
+    match runtime.block_on(run(settings, args.listen, args.config, kubernetes)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -280,17 +295,61 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// Where policy resources come from, when they are used.
+struct Kubernetes {
+    namespace: Option<String>,
+}
+
 async fn run(
-    settings: Settings,
+    mut settings: Settings,
     listen: SocketAddr,
     config: Option<PathBuf>,
+    kubernetes: Option<Kubernetes>,
 ) -> anyhow::Result<()> {
     let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let server = settings.server.clone();
+    // With policy resources, the policy at start is the file with the resources listed
+    // now merged over it, so that a restart replays and resumes under it: the state of
+    // the models the resources define is kept, not dropped and made again.
+    let adapter = match &kubernetes {
+        None => None,
+        Some(k) => {
+            let client = kube::Client::try_default().await.context(
+                "cannot reach the Kubernetes API (in-cluster configuration or KUBECONFIG)",
+            )?;
+            let identity = std::env::var("HOSTNAME").unwrap_or_else(|_| "stanch".to_owned());
+            let mut adapter = stanch_kube::adapter::Adapter::new(
+                client,
+                k.namespace.clone(),
+                settings.config.clone(),
+                identity,
+            );
+            settings.config = adapter
+                .policy_now()
+                .await
+                .context("cannot list the StanchPolicy resources")?;
+            Some(adapter)
+        }
+    };
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
+    let policies = async {
+        match adapter {
+            Some(a) => a.run(&controller, std::future::pending()).await,
+            None => std::future::pending().await,
+        }
+    };
+    let reload = async {
+        if kubernetes.is_some() {
+            // The file lies under the resources; a reload of it alone would drop them.
+            tracing::info!("with policy resources, the configuration file is read at start only");
+            std::future::pending::<()>().await;
+        }
+        reload_on_hangup(&controller, config.as_deref(), &server).await;
+    };
     tokio::select! {
         () = stanch_server::net::shutdown_signal() => {}
-        () = reload_on_hangup(&controller, config.as_deref(), &server) => {}
+        () = reload => {}
+        () = policies => {}
     }
     tracing::info!("shutting down");
     controller.shutdown().await;

@@ -3,5 +3,6 @@
 mod cli;
 mod drill;
 mod e2e;
+mod kubernetes;
 mod process;
 mod rules;

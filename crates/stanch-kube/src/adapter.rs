@@ -63,6 +63,22 @@ impl Adapter {
         }
     }
 
+    /// The policy in force now: the file with the resources listed now merged over it
+    /// (for the controller's start, so that a restart resumes under it). Remembered as
+    /// in force.
+    pub async fn policy_now(&mut self) -> Result<Config, kube::Error> {
+        let api: Api<StanchPolicy> = match &self.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let listed = api.list(&Default::default()).await?;
+        let resources: Vec<Listed> = listed.items.iter().map(listing).collect();
+        let merged = merge(&self.file, &resources);
+        self.outcomes = merged.outcomes;
+        self.in_force = Some(merged.config.clone());
+        Ok(merged.config)
+    }
+
     /// Runs until `shutdown`.
     pub async fn run(
         mut self,
@@ -76,7 +92,6 @@ impl Adapter {
         let (store, writer) = reflector::store();
         let mut changes = reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff()
-            .touched_objects()
             .boxed();
         let mut versions = controller.subscribe();
         tokio::pin!(shutdown);
@@ -86,6 +101,10 @@ impl Adapter {
                 change = changes.next() => match change {
                     None => return,
                     Some(Err(e)) => warn!(error = %e, "watching policies"),
+                    // While a (re)list is under way the store holds part of the
+                    // resources: merging then would drop the rest for a moment. The
+                    // list is acted on whole, at its end.
+                    Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
                     Some(Ok(_)) => {
                         let listed: Vec<Arc<StanchPolicy>> = store.state();
                         self.apply(controller, &listed).await;

@@ -1,0 +1,133 @@
+//! `stanch serve --kubernetes-policies` against the fake API server, as a process: the
+//! policies listed at start are in force from the first table, and one created later
+//! is put in force live.
+
+use std::time::Duration;
+
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use stanch_kube::crd::StanchPolicy;
+use stanch_kube::fake::FakeApiServer;
+
+fn policy(name: &str, model: &str) -> StanchPolicy {
+    StanchPolicy::new(
+        name,
+        serde_json::from_value(
+            json!({"model": model, "pools": [{"name": "dc-a"}], "faq": "default"}),
+        )
+        .unwrap(),
+    )
+}
+
+async fn routes(port: u16) -> Option<Value> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://127.0.0.1:{port}/v1/routes"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
+}
+
+#[tokio::test]
+async fn serve_takes_policies_from_the_cluster_at_start_and_live() {
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: monitoring}}}}]\n\
+             current-context: c\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let policies: Api<StanchPolicy> = Api::namespaced(client, "monitoring");
+    policies
+        .create(&PostParams::default(), &policy("small", "qwen-7b"))
+        .await
+        .unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _child = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_stanch"))
+            .args(["serve", "--store", "memory", "--kubernetes-policies"])
+            .args(["--kubernetes-namespace", "monitoring", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .spawn()
+            .unwrap(),
+    );
+    let mut first = None;
+    for _ in 0..200 {
+        if let Some(r) = routes(port).await {
+            first = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = first.expect("the controller serves");
+    assert!(
+        first["models"]["qwen-7b"].is_object(),
+        "the resource listed at start is in the first table: {first}"
+    );
+    // And it stays: the watcher's first list does not put the file alone in force for
+    // a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let settled = routes(port).await.unwrap();
+    assert!(settled["models"]["qwen-7b"].is_object(), "{settled}");
+    assert_eq!(
+        settled["version"], first["version"],
+        "no change at all: {settled}"
+    );
+
+    policies
+        .create(&PostParams::default(), &policy("tiny", "qwen-3b"))
+        .await
+        .unwrap();
+    let mut live = false;
+    for _ in 0..200 {
+        if routes(port)
+            .await
+            .is_some_and(|r| r["models"]["qwen-3b"].is_object())
+        {
+            live = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(live, "a policy created later is put in force live");
+}
+
+/// A child process killed when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        // SIGTERM, so that what the controller logged is written out.
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        for _ in 0..100 {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -10,8 +10,9 @@
 //! `stanch`. Errors talking to the API server are logged and retried at the next
 //! change or version (the watcher backs off on its own); the policy in force stays.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -43,6 +44,39 @@ pub struct Adapter {
     outcomes: BTreeMap<String, Outcome>,
     /// The policy last put in force.
     in_force: Option<Config>,
+    /// Status writes allowed now.
+    budget: WriteBudget,
+    /// Status writes the budget put off, to be made at the next second.
+    deferred: bool,
+}
+
+/// Status writes a second at most: an alert storm moves many models at once, and
+/// their statuses must not hammer the API server. What is put off is written a second
+/// later, as it then is (only the latest status of each resource is ever written).
+pub const STATUS_WRITES_PER_SECOND: usize = 20;
+
+/// A sliding window of the writes made in the last second.
+#[derive(Debug, Default)]
+struct WriteBudget {
+    recent: VecDeque<tokio::time::Instant>,
+}
+
+impl WriteBudget {
+    /// Takes one write if the last second had fewer than the limit.
+    fn take(&mut self, now: tokio::time::Instant) -> bool {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(1))
+        {
+            self.recent.pop_front();
+        }
+        if self.recent.len() >= STATUS_WRITES_PER_SECOND {
+            return false;
+        }
+        self.recent.push_back(now);
+        true
+    }
 }
 
 impl Adapter {
@@ -60,6 +94,8 @@ impl Adapter {
             identity: identity.into(),
             outcomes: BTreeMap::new(),
             in_force: None,
+            budget: WriteBudget::default(),
+            deferred: false,
         }
     }
 
@@ -94,6 +130,8 @@ impl Adapter {
             .default_backoff()
             .boxed();
         let mut versions = controller.subscribe();
+        let mut second = tokio::time::interval(Duration::from_secs(1));
+        second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -112,6 +150,10 @@ impl Adapter {
                     }
                 },
                 Ok(()) = versions.changed() => {
+                    let listed: Vec<Arc<StanchPolicy>> = store.state();
+                    self.write_statuses(controller, &listed).await;
+                }
+                _ = second.tick(), if self.deferred => {
                     let listed: Vec<Arc<StanchPolicy>> = store.state();
                     self.write_statuses(controller, &listed).await;
                 }
@@ -167,9 +209,11 @@ impl Adapter {
         }
     }
 
-    /// Writes each resource's status where it changed.
-    async fn write_statuses(&self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
+    /// Writes each resource's status where it changed, within the budget; what the
+    /// budget puts off is written at the next second.
+    async fn write_statuses(&mut self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
         let published = controller.published();
+        self.deferred = false;
         let none = Outcome::Invalid(Vec::new());
         for p in listed {
             let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
@@ -186,6 +230,10 @@ impl Adapter {
             let Some(status) = next(p.status.as_ref(), &observed) else {
                 continue;
             };
+            if !self.budget.take(tokio::time::Instant::now()) {
+                self.deferred = true;
+                continue;
+            }
             let api: Api<StanchPolicy> =
                 Api::namespaced(self.client.clone(), &p.namespace().unwrap_or_default());
             let patch = json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchPolicy", "status": status});
@@ -230,4 +278,21 @@ fn now() -> Timestamp {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     Timestamp::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_writes_are_held_to_their_budget_a_second() {
+        let mut budget = WriteBudget::default();
+        let start = tokio::time::Instant::now();
+        let taken = (0..100).filter(|_| budget.take(start)).count();
+        assert_eq!(taken, STATUS_WRITES_PER_SECOND);
+        let almost = start + Duration::from_millis(999);
+        assert!(!budget.take(almost), "not within the same second");
+        let later = start + Duration::from_secs(1);
+        assert!(budget.take(later), "the next second has room again");
+    }
 }

@@ -311,6 +311,7 @@ async fn run(
     // With policy resources, the policy at start is the file with the resources listed
     // now merged over it, so that a restart replays and resumes under it: the state of
     // the models the resources define is kept, not dropped and made again.
+    let (files, reloads) = tokio::sync::mpsc::channel(4);
     let adapter = match &kubernetes {
         None => None,
         Some(k) => {
@@ -328,6 +329,7 @@ async fn run(
                 .policy_now()
                 .await
                 .context("cannot list the StanchPolicy resources")?;
+            adapter.reload_from(reloads);
             Some(adapter)
         }
     };
@@ -338,14 +340,12 @@ async fn run(
             None => std::future::pending().await,
         }
     };
-    let reload = async {
-        if kubernetes.is_some() {
-            // The file lies under the resources; a reload of it alone would drop them.
-            tracing::info!("with policy resources, the configuration file is read at start only");
-            std::future::pending::<()>().await;
-        }
-        reload_on_hangup(&controller, config.as_deref(), &server).await;
+    // With resources, a reloaded file goes to the adapter, to be merged under them.
+    let target = match kubernetes {
+        Some(_) => Reload::UnderResources(files),
+        None => Reload::Controller(&controller),
     };
+    let reload = reload_on_hangup(target, config.as_deref(), &server);
     tokio::select! {
         () = stanch_server::net::shutdown_signal() => {}
         () = reload => {}
@@ -360,7 +360,15 @@ async fn run(
 /// live; a file that does not parse or validate changes nothing (and says why). The
 /// controller's own settings (intake, watch, history, auth, Alertmanager) are read at
 /// start only: a change to them is reported, not applied.
-async fn reload_on_hangup(controller: &Controller, path: Option<&Path>, server: &ServerConfig) {
+/// Where a reloaded policy goes.
+enum Reload<'c> {
+    /// Straight into force.
+    Controller(&'c Controller),
+    /// To the policy adapter, to be merged under the resources.
+    UnderResources(tokio::sync::mpsc::Sender<stanch_core::Config>),
+}
+
+async fn reload_on_hangup(target: Reload<'_>, path: Option<&Path>, server: &ServerConfig) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot listen for SIGHUP: the configuration is read at start only");
@@ -385,7 +393,17 @@ async fn reload_on_hangup(controller: &Controller, path: Option<&Path>, server: 
                 "SIGHUP: intake, watch, history, auth and alertmanager settings take effect at the next start"
             );
         }
-        match controller.configure(file.policy).await {
+        let applied = match &target {
+            Reload::Controller(controller) => controller
+                .configure(file.policy)
+                .await
+                .map_err(|e| e.to_string()),
+            Reload::UnderResources(adapter) => adapter
+                .send(file.policy)
+                .await
+                .map_err(|_| "the policy adapter has stopped".to_owned()),
+        };
+        match applied {
             Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded"),
             Err(e) => {
                 tracing::error!(error = %e, "SIGHUP: configuration not reloaded; the one in force stays")

@@ -1,6 +1,6 @@
 //! `stanch serve --kubernetes-policies` against the fake API server, as a process: the
-//! policies listed at start are in force from the first table, and one created later
-//! is put in force live.
+//! policies listed at start are in force from the first table, one created later is
+//! put in force live, and a reloaded file is merged under them.
 
 use std::time::Duration;
 
@@ -56,14 +56,24 @@ async fn serve_takes_policies_from_the_cluster_at_start_and_live() {
         .await
         .unwrap();
 
+    let file = dir.path().join("stanch.yaml");
+    let one = "models:\n  qwen-72b: {pools: [dc-a, dc-b]}\n";
+    std::fs::write(&file, one).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let _child = Killed(
+    let child = Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_stanch"))
-            .args(["serve", "--store", "memory", "--kubernetes-policies"])
+            .args([
+                "serve",
+                "--store",
+                "memory",
+                "--kubernetes-policies",
+                "--config",
+            ])
+            .arg(&file)
             .args(["--kubernetes-namespace", "monitoring", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .env("KUBECONFIG", &kubeconfig)
@@ -110,6 +120,32 @@ async fn serve_takes_policies_from_the_cluster_at_start_and_live() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(live, "a policy created later is put in force live");
+
+    // A reloaded file is merged under the resources: its new model comes, theirs stay.
+    std::fs::write(&file, format!("{one}  qwen-1b: {{pools: [dc-a]}}\n")).unwrap();
+    let sent = std::process::Command::new("kill")
+        .args(["-HUP", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut merged = None;
+    for _ in 0..200 {
+        if let Some(r) = routes(port)
+            .await
+            .filter(|r| r["models"]["qwen-1b"].is_object())
+        {
+            merged = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let merged = merged.expect("the reloaded file's model is served");
+    for model in ["qwen-72b", "qwen-7b", "qwen-3b"] {
+        assert!(
+            merged["models"][model].is_object(),
+            "{model} stays: {merged}"
+        );
+    }
 }
 
 /// A child process killed when the test ends, however it ends.

@@ -48,6 +48,8 @@ pub struct Adapter {
     budget: WriteBudget,
     /// Status writes the budget put off, to be made at the next second.
     deferred: bool,
+    /// New versions of the configuration file's policy (a reload), if any come.
+    files: Option<tokio::sync::mpsc::Receiver<Config>>,
 }
 
 /// Status writes a second at most: an alert storm moves many models at once, and
@@ -96,6 +98,7 @@ impl Adapter {
             in_force: None,
             budget: WriteBudget::default(),
             deferred: false,
+            files: None,
         }
     }
 
@@ -115,6 +118,12 @@ impl Adapter {
         Ok(merged.config)
     }
 
+    /// Takes new versions of the configuration file's policy from `files` (validated:
+    /// a reload), merged under the resources like the file at start.
+    pub fn reload_from(&mut self, files: tokio::sync::mpsc::Receiver<Config>) {
+        self.files = Some(files);
+    }
+
     /// Runs until `shutdown`.
     pub async fn run(
         mut self,
@@ -130,6 +139,7 @@ impl Adapter {
             .default_backoff()
             .boxed();
         let mut versions = controller.subscribe();
+        let mut files = self.files.take();
         let mut second = tokio::time::interval(Duration::from_secs(1));
         second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
@@ -151,6 +161,17 @@ impl Adapter {
                 },
                 Ok(()) = versions.changed() => {
                     let listed: Vec<Arc<StanchPolicy>> = store.state();
+                    self.write_statuses(controller, &listed).await;
+                }
+                Some(file) = async {
+                    match &mut files {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    self.file = file;
+                    let listed: Vec<Arc<StanchPolicy>> = store.state();
+                    self.apply(controller, &listed).await;
                     self.write_statuses(controller, &listed).await;
                 }
                 _ = second.tick(), if self.deferred => {

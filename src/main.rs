@@ -324,6 +324,7 @@ async fn run(
                 k.namespace.clone(),
                 settings.config.clone(),
                 identity,
+                Arc::new(SystemClock),
             );
             settings.config = adapter
                 .policy_now()

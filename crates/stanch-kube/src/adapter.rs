@@ -24,6 +24,7 @@ use serde_json::json;
 use stanch_api::Timestamp;
 use stanch_core::Config;
 use stanch_server::Controller;
+use stanch_server::clock::Clock;
 use tracing::{info, warn};
 
 use crate::crd::StanchPolicy;
@@ -40,6 +41,8 @@ pub struct Adapter {
     file: Config,
     /// This replica's name, for Events.
     identity: String,
+    /// The wall clock, for Events and condition times.
+    clock: Arc<dyn Clock>,
     /// What each resource came to at the last merge.
     outcomes: BTreeMap<String, Outcome>,
     /// The policy last put in force.
@@ -88,12 +91,14 @@ impl Adapter {
         namespace: Option<String>,
         file: Config,
         identity: impl Into<String>,
+        clock: Arc<dyn Clock>,
     ) -> Adapter {
         Adapter {
             client,
             namespace,
             file,
             identity: identity.into(),
+            clock,
             outcomes: BTreeMap::new(),
             in_force: None,
             budget: WriteBudget::default(),
@@ -223,7 +228,7 @@ impl Adapter {
             resource_version: policy.resource_version(),
             ..ObjectReference::default()
         };
-        let event = crate::events::event(said, &regarding, &self.identity, now());
+        let event = crate::events::event(said, &regarding, &self.identity, self.clock.now());
         let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         if let Err(e) = events.create(&PostParams::default(), &event).await {
             warn!(error = %e, "cannot record an Event");
@@ -235,10 +240,12 @@ impl Adapter {
     async fn write_statuses(&mut self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
         let published = controller.published();
         self.deferred = false;
-        let none = Outcome::Invalid(Vec::new());
         for p in listed {
             let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
-            let outcome = self.outcomes.get(&key).unwrap_or(&none);
+            // Not merged yet (its list is still arriving): nothing to say of it.
+            let Some(outcome) = self.outcomes.get(&key) else {
+                continue;
+            };
             let observed = Observed {
                 name: &p.spec.model,
                 generation: p.metadata.generation,
@@ -246,7 +253,7 @@ impl Adapter {
                 route: published.table.models.get(&p.spec.model),
                 model: published.models.get(&p.spec.model),
                 blocked: &published.table.blocked,
-                now: now(),
+                now: self.clock.now(),
             };
             let Some(status) = next(p.status.as_ref(), &observed) else {
                 continue;
@@ -287,18 +294,6 @@ fn listing(p: &StanchPolicy) -> Listed {
         created,
         spec: p.spec.clone(),
     }
-}
-
-/// The wall clock, for Events and condition times.
-#[expect(
-    clippy::disallowed_methods,
-    reason = "Events and conditions are stamped with the wall clock"
-)]
-fn now() -> Timestamp {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    Timestamp::from_millis(ms)
 }
 
 #[cfg(test)]

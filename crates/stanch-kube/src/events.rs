@@ -11,7 +11,7 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use stanch_api::Timestamp;
 use stanch_core::Decision;
 
@@ -61,7 +61,7 @@ pub fn said(decision: &Decision) -> Option<(String, Said)> {
             type_,
             reason,
             action,
-            note: bounded(decision.to_string()),
+            note: crate::cut(decision.to_string(), MAX_NOTE),
         },
     ))
 }
@@ -86,7 +86,7 @@ pub fn refused(outcome: &Outcome) -> Option<Said> {
         type_: "Warning",
         reason: "SpecRefused",
         action: "Validate",
-        note: bounded(note),
+        note: crate::cut(note, MAX_NOTE),
     })
 }
 
@@ -105,9 +105,7 @@ pub fn event(said: Said, regarding: &ObjectReference, instance: &str, now: Times
             namespace: regarding.namespace.clone(),
             ..ObjectMeta::default()
         },
-        event_time: Some(MicroTime(
-            k8s_openapi::jiff::Timestamp::from_millisecond(now.as_millis()).unwrap_or_default(),
-        )),
+        event_time: Some(crate::micro_time(now)),
         reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
         reporting_instance: Some(instance.to_owned()),
         action: Some(said.action.to_owned()),
@@ -117,18 +115,6 @@ pub fn event(said: Said, regarding: &ObjectReference, instance: &str, now: Times
         regarding: Some(regarding.clone()),
         ..Event::default()
     }
-}
-
-fn bounded(mut note: String) -> String {
-    if note.len() > MAX_NOTE {
-        let mut end = MAX_NOTE - 3;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str("...");
-    }
-    note
 }
 
 #[cfg(test)]

@@ -86,8 +86,8 @@ impl Elector {
             lease_duration_seconds: Some(
                 i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX),
             ),
-            acquire_time: acquired.or_else(|| Some(micro(now))),
-            renew_time: Some(micro(now)),
+            acquire_time: acquired.or_else(|| Some(crate::micro_time(now))),
+            renew_time: Some(crate::micro_time(now)),
             lease_transitions: Some(transitions),
             ..LeaseSpec::default()
         };
@@ -138,7 +138,7 @@ impl Elector {
         self.term_from = None;
         (lease.holder_identity.as_deref() == Some(self.identity.as_str())).then(|| LeaseSpec {
             holder_identity: None,
-            renew_time: Some(micro(now)),
+            renew_time: Some(crate::micro_time(now)),
             lease_duration_seconds: Some(1),
             ..lease.clone()
         })
@@ -151,10 +151,6 @@ fn expiry(lease: &LeaseSpec) -> Option<Timestamp> {
     let seconds = u64::try_from(lease.lease_duration_seconds?).unwrap_or(0);
     let renewed = Timestamp::from_millis(renewed.0.as_millisecond());
     Some(renewed + Duration::from_secs(seconds))
-}
-
-fn micro(t: Timestamp) -> MicroTime {
-    MicroTime(k8s_openapi::jiff::Timestamp::from_millisecond(t.as_millis()).unwrap_or_default())
 }
 
 #[cfg(test)]

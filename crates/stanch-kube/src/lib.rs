@@ -22,7 +22,9 @@ pub mod shards;
 pub mod status;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::CustomResourceExt;
+use stanch_api::Timestamp;
 
 /// Every CRD stanch uses, each with the file it is committed as under
 /// `charts/stanch/crds/`.
@@ -42,4 +44,29 @@ pub fn crd_yaml(crd: &CustomResourceDefinition) -> String {
     format!(
         "# Generated from crates/stanch-kube/src/crd.rs by `stanch crdgen`; do not edit.\n{yaml}"
     )
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked `...` where cut:
+/// for the API server's limits on condition messages and Event notes.
+pub(crate) fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max.saturating_sub(3);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
+    text
+}
+
+/// A Kubernetes `MicroTime` (Leases, Events).
+pub(crate) fn micro_time(t: Timestamp) -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::from_millisecond(t.as_millis()).unwrap_or_default())
+}
+
+/// A Kubernetes `Time`, to the second as the API server keeps it (conditions).
+pub(crate) fn time(t: Timestamp) -> Time {
+    let seconds = t.as_millis().div_euclid(1000);
+    Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap_or_default())
 }

@@ -7,7 +7,7 @@
 //! controller writes only on change; a condition keeps its `lastTransitionTime` while
 //! its status stays the same, as Kubernetes' conventions ask.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use stanch_api::status::ModelStatus;
 use stanch_api::{BlockedEndpoint, ModelRoute, Rung, Timestamp};
 
@@ -76,9 +76,9 @@ fn desired(o: &Observed<'_>) -> StanchPolicyStatus {
         type_: type_.to_owned(),
         status: if on { "True" } else { "False" }.to_owned(),
         reason: reason.to_owned(),
-        message: bounded(message),
+        message: crate::cut(message, MAX_MESSAGE),
         observed_generation: o.generation,
-        last_transition_time: time(o.now),
+        last_transition_time: crate::time(o.now),
     };
     let ready = match o.outcome {
         Outcome::InForce => condition("Ready", true, "InForce", "the spec is in force".into()),
@@ -142,25 +142,6 @@ fn rung_reason(rung: Rung) -> &'static str {
         Rung::Degraded => "Degraded",
         Rung::Static => "Static",
     }
-}
-
-/// At most [`MAX_MESSAGE`] bytes, cut at a character boundary.
-fn bounded(mut message: String) -> String {
-    if message.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE - 3;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-        message.push_str("...");
-    }
-    message
-}
-
-/// A Kubernetes `Time` (to the second, as the API server keeps it).
-fn time(t: Timestamp) -> Time {
-    let seconds = t.as_millis().div_euclid(1000);
-    Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -280,11 +261,11 @@ mod tests {
         assert_eq!(condition(&second, "Overridden").status, "True");
         assert_eq!(
             condition(&second, "Overridden").last_transition_time,
-            time(Timestamp::from_millis(65_000))
+            crate::time(Timestamp::from_millis(65_000))
         );
         assert_eq!(
             condition(&second, "Ready").last_transition_time,
-            time(Timestamp::from_millis(5_000)),
+            crate::time(Timestamp::from_millis(5_000)),
             "kept"
         );
     }

@@ -48,6 +48,7 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
         Some("monitoring".into()),
         stanch_core::Config::default_config(),
         "stanch-0",
+        Arc::new(stanch_server::clock::SystemClock),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = {

@@ -702,7 +702,13 @@ mod tests {
         assert_eq!(exchange(&workers, 1, &pool, 1).await, [Some(0)]);
         assert_eq!(mock.stats().connections, 1, "reused across workers");
 
-        // Two at once on worker 1: one reused, one opened by worker 1 itself.
+        // Two at once on worker 1: one reused, one opened by worker 1 itself. The
+        // answers wait, so that the first cannot come back (and its connection be
+        // free again) before the second has taken one.
+        mock.set_fault(stanch_mock::FaultSpec {
+            fault: stanch_mock::Fault::Latency { ms: 100 },
+            count: Some(2),
+        });
         let mut carriers = exchange(&workers, 1, &pool, 2).await;
         carriers.sort();
         assert_eq!(carriers, [Some(0), Some(1)]);

@@ -14,7 +14,7 @@ use stanch_server::auth::Tokens;
 use stanch_server::clock::SystemClock;
 use stanch_server::config::{ConfigFile, ServerConfig};
 use stanch_server::net::ConnLimits;
-use stanch_server::{Controller, Settings};
+use stanch_server::{Controller, Settings, Storage};
 
 /// Exit code for a configuration that cannot be used (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
@@ -254,9 +254,9 @@ fn serve(args: ServeArgs) -> ExitCode {
     let settings = Settings {
         config: policy,
         server,
-        data_dir: match args.store {
-            StoreKind::File => Some(args.data_dir),
-            StoreKind::Memory => None,
+        storage: match args.store {
+            StoreKind::File => Storage::Dir(args.data_dir),
+            StoreKind::Memory => Storage::Memory,
         },
         tokens,
         tls: args.tls_cert.zip(args.tls_key),

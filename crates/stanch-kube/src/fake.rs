@@ -19,15 +19,17 @@
 //!   `resourceVersion`, as newline-delimited events (`ADDED`, `MODIFIED`, `DELETED`),
 //!   with `BOOKMARK`s when asked (`allowWatchBookmarks`), ending at `timeoutSeconds`;
 //!   a watch from a version older than the history kept gets an `ERROR` event with a
-//!   `410 Expired` Status, as after etcd's compaction ([`FakeApiServer::compact`]).
+//!   `410 Expired` Status, as after etcd's compaction ([`FakeApiServer::compact`]);
+//! - a write can be failed on purpose ([`FakeApiServer::plan_faults`]): refused, or
+//!   stored and answered `504 Timeout` as when etcd is slow to confirm.
 //!
 //! Where it simplifies: compaction expires every watch that has not seen the newest
 //! revision (as a watch fallen behind etcd's compaction is), where a real API server's
 //! watch cache keeps most of them going with bookmarks; server-side apply merges the
-//! applied object into the live one
-//! and does not track field ownership, so it never answers `409` for a field another
-//! manager owns; no admission, defaulting or schema validation (the CRDs' schemas are
-//! tested apart); no label or field selectors; one API version per group; and
+//! applied object into the live one and does not track field ownership, so it never
+//! answers `409` for a field another manager owns; no admission, defaulting or schema
+//! validation (the CRDs' schemas are tested apart); label selectors of equality terms
+//! only (in lists), no field selectors; one API version per group; and
 //! [`FakeApiServer::set_down`] stands in for an API server that is unreachable (it
 //! answers `503`, where a real outage is a refused or hanging connection).
 
@@ -62,6 +64,21 @@ struct Store {
     compacted: u64,
     down: bool,
     uids: u64,
+    /// Decides, for each write (method, path), whether to fail it and how.
+    faults: Option<FaultPlan>,
+}
+
+type FaultPlan = Box<dyn FnMut(&str, &str) -> Option<WriteFault> + Send>;
+
+/// How the fake fails a write its fault plan picks ([`FakeApiServer::plan_faults`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteFault {
+    /// Refused before anything is stored: `500 InternalError`.
+    Refuse,
+    /// Stored, then answered `504 Timeout`: as the real API server answers when etcd
+    /// is slow to confirm a write that lands all the same. The client cannot tell it
+    /// from a write that did not land.
+    Unconfirmed,
 }
 
 /// A running fake API server.
@@ -111,6 +128,39 @@ impl FakeApiServer {
     /// Makes it answer every request with `503` (`down`), or serve again.
     pub fn set_down(&self, down: bool) {
         lock(&self.store).down = down;
+    }
+
+    /// Runs every later write (`POST`, `PUT`, `PATCH`, `DELETE`) by `plan`, which
+    /// gets its method and path and says whether to fail it and how.
+    pub fn plan_faults(&self, plan: impl FnMut(&str, &str) -> Option<WriteFault> + Send + 'static) {
+        lock(&self.store).faults = Some(Box::new(plan));
+    }
+
+    /// Fails no more writes.
+    pub fn clear_faults(&self) {
+        lock(&self.store).faults = None;
+    }
+
+    /// The object `name` of a namespaced collection (`api/v1` or
+    /// `apis/group/version`, plural, namespace), as stored.
+    pub fn object(&self, prefix: &str, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let key = (
+            prefix.to_owned(),
+            plural.to_owned(),
+            namespace.to_owned(),
+            name.to_owned(),
+        );
+        lock(&self.store).objects.get(&key).cloned()
+    }
+
+    /// The names of a namespaced collection's objects, in order.
+    pub fn names(&self, prefix: &str, plural: &str, namespace: &str) -> Vec<String> {
+        lock(&self.store)
+            .objects
+            .keys()
+            .filter(|(p, pl, ns, _)| p == prefix && pl == plural && ns == namespace)
+            .map(|(.., name)| name.clone())
+            .collect()
     }
 
     /// Forgets the watch history, as etcd's compaction does: a watch resuming from
@@ -223,11 +273,52 @@ async fn handle(
             }
         }
     };
+    let fault = if method == Method::GET {
+        None
+    } else {
+        let mut store = lock(&shared.store);
+        store
+            .faults
+            .as_mut()
+            .and_then(|plan| plan(method.as_str(), uri.path()))
+    };
+    if fault == Some(WriteFault::Refuse) {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "an error on the server (\"injected\") has prevented the request from succeeding"
+                .into(),
+            t.name.as_deref().unwrap_or(""),
+            &t.plural,
+        );
+    }
+    let response = serve(shared, &method, t, &query, &headers, body);
+    if fault == Some(WriteFault::Unconfirmed) && response.status().is_success() {
+        return status(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            "Timeout: request did not complete within requested timeout - context deadline exceeded"
+                .into(),
+            "",
+            "",
+        );
+    }
+    response
+}
+
+fn serve(
+    shared: Shared,
+    method: &Method,
+    t: Target,
+    query: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    body: Option<Value>,
+) -> Response {
     match (method.as_str(), &t.name) {
         ("GET", None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-            watch_stream(shared, t, query)
+            watch_stream(shared, t, query.clone())
         }
-        ("GET", None) => list(&shared, &t),
+        ("GET", None) => list(&shared, &t, query.get("labelSelector").map(String::as_str)),
         ("POST", None) => create(&shared, &t, body.unwrap_or(Value::Null)),
         ("GET", Some(name)) => get(&shared, &t, name),
         ("PUT", Some(name)) => replace(&shared, &t, name, body.unwrap_or(Value::Null)),
@@ -235,8 +326,8 @@ async fn handle(
             &shared,
             &t,
             name,
-            &headers,
-            &query,
+            headers,
+            query,
             body.unwrap_or(Value::Null),
         ),
         ("DELETE", Some(name)) => delete(&shared, &t, name),
@@ -286,12 +377,28 @@ fn commit(
     object
 }
 
-fn list(shared: &Shared, t: &Target) -> Response {
+/// Whether `object`'s labels match `selector`: equality terms (`k=v`, `k==v`) joined
+/// by commas, the only form stanch uses.
+fn selected(object: &Value, selector: Option<&str>) -> bool {
+    let Some(selector) = selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    selector.split(',').all(|term| {
+        let (k, v) = term
+            .split_once("==")
+            .or_else(|| term.split_once('='))
+            .unwrap_or((term, ""));
+        object["metadata"]["labels"][k.trim()].as_str() == Some(v.trim())
+    })
+}
+
+fn list(shared: &Shared, t: &Target, selector: Option<&str>) -> Response {
     let store = lock(&shared.store);
     let items: Vec<Value> = store
         .objects
         .iter()
         .filter(|((p, pl, ns, _), _)| *p == t.prefix && *pl == t.plural && *ns == t.namespace)
+        .filter(|(_, v)| selected(v, selector))
         .map(|(_, v)| v.clone())
         .collect();
     let kind = items

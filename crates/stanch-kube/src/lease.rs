@@ -127,8 +127,14 @@ impl Elector {
 
     /// Whether this replica may decide and write at `now`.
     pub fn leads(&self, now: Timestamp) -> bool {
+        self.term_ends().is_some_and(|end| now < end)
+    }
+
+    /// When its term ends (exclusive), if it has one: the send time of its last
+    /// successful write, plus the lease duration, less the skew allowed.
+    pub fn term_ends(&self) -> Option<Timestamp> {
         self.term_from
-            .is_some_and(|from| now < from + self.duration.saturating_sub(self.skew))
+            .map(|from| from + self.duration.saturating_sub(self.skew))
     }
 
     /// The spec that gives `lease` up, if this replica holds it: expired at once, so a

@@ -3,6 +3,8 @@
 //! configuration ([`policy`]) and whose status shows its place on the ladder, and the
 //! route-table resource, whose status is the published table; [`merge`] decides the
 //! policy in force when the configuration file and resources are used together.
+//! With several replicas, [`election`] runs leader election on a Lease ([`lease`]) and
+//! [`store`] keeps the state in ConfigMaps, fenced so that only the leader writes.
 //! stanch-core never sees a Kubernetes type.
 //!
 //! The CRDs are generated from these types ([`crds`], `stanch crdgen`) and committed
@@ -11,6 +13,7 @@
 
 pub mod adapter;
 pub mod crd;
+pub mod election;
 pub mod events;
 #[cfg(feature = "fake-apiserver")]
 pub mod fake;
@@ -20,6 +23,7 @@ pub mod policy;
 pub mod publish;
 pub mod shards;
 pub mod status;
+pub mod store;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};

@@ -14,15 +14,16 @@ use std::time::Duration;
 use stanch_api::Timestamp;
 use stanch_api::status::AlertSummary;
 use stanch_core::{Config, Decision, Engine, Input};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::Clock;
 use crate::history::History;
+use crate::leadership::{Leadership, Role};
 use crate::metrics::{ActionLabel, KindLabel, ModelLabel, TransitionLabels};
 use crate::publish::{Publisher, Snapshot};
-use crate::store::{Record, StateStore, StoreError};
+use crate::store::{Loaded, Record, StateStore, StoreError};
 
 /// An error's causes, joined, for a log line.
 pub(crate) struct ErrorChain<'a>(pub &'a dyn std::error::Error);
@@ -71,6 +72,9 @@ pub enum EngineUnavailable {
         /// The failing operation, [`StoreError::kind`].
         kind: &'static str,
     },
+    /// Another replica leads: only it takes inputs.
+    #[error("this replica does not lead; retry (the leader takes it)")]
+    NotLeader,
     /// The engine task has stopped.
     #[error("the engine is shutting down")]
     Stopped,
@@ -112,8 +116,18 @@ pub struct StoreHealth {
     pub kind: &'static str,
     /// False while writes fail.
     pub healthy: AtomicBool,
-    /// Set when the state was unreadable at start.
-    pub recovered_from_corruption: Option<String>,
+    /// Set when the state was found unreadable (at start, or on taking charge).
+    pub recovered_from_corruption: std::sync::Mutex<Option<String>>,
+}
+
+impl StoreHealth {
+    /// What was unreadable and moved aside, if anything was.
+    pub fn recovered_from_corruption(&self) -> Option<String> {
+        self.recovered_from_corruption
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// Everything the task needs.
@@ -134,7 +148,21 @@ pub struct EngineTask {
     clock: Arc<dyn Clock>,
     health: Arc<StoreHealth>,
     rx: mpsc::Receiver<Job>,
+    /// With replicas sharing a store: this replica's role. `None` alone: it decides.
+    role: Option<watch::Receiver<Role>>,
+    /// The engine holds the store's state taken over by this replica, and decides.
+    /// A follower's engine only replays what the leader wrote.
+    deciding: bool,
+    /// The store was taken over by another replica during this term: not taken back
+    /// before the role changes, so that two replicas never fight over it.
+    fenced: bool,
+    /// The configuration to put in force on taking charge: the one given at start, or
+    /// given since while following.
+    desired: Config,
 }
+
+/// How often a follower looks at what the leader wrote.
+const FOLLOW_EVERY: Duration = Duration::from_millis(500);
 
 /// The result of starting the engine: its handle and the shared read side.
 pub struct Started {
@@ -154,7 +182,8 @@ pub fn new_epoch(now: Timestamp) -> String {
 }
 
 impl EngineTask {
-    /// Loads state from `store` (replaying its journal), and builds the task.
+    /// Loads state from `store` (replaying its journal), and builds the task of a
+    /// replica alone: it decides from the start.
     pub fn start(
         config: Config,
         mut store: Box<dyn StateStore>,
@@ -164,105 +193,93 @@ impl EngineTask {
     ) -> Result<Started, StoreError> {
         let loaded = store.load()?;
         let now = clock.now();
-        if let Some(why) = &loaded.corruption {
-            error!(store = store.kind(), problem = %why, "state was unreadable: starting over under a new epoch; versions restart");
-            metrics.state_corrupt_recovered.set(1);
-        }
-        let snapshot_seq = loaded.snapshot.as_ref().map(|(_, seq)| *seq);
-        let (state, mut seq) = match loaded.snapshot {
-            Some((state, seq)) => (state, seq),
-            None => (Engine::fresh_state(new_epoch(now), now), 0),
-        };
-        // The journal is replayed under the configuration its inputs were first stepped
-        // under: the one in force when the snapshot was taken.
-        let replay_config = state
-            .config
-            .as_deref()
-            .cloned()
-            .unwrap_or_else(|| config.clone());
-        let mut engine = Engine::new(replay_config, state, now);
-        let replayed = loaded.journal.len();
-        for record in loaded.journal {
-            engine.step(record.input, record.at);
-            seq = record.seq;
-        }
-        // What is durable now; published as it is if the start's own records cannot
-        // be written, so no version is shown that a crash could take back.
-        let restored = snapshot_of(&engine, now);
-        // The configuration given at start is the one in force from now on; if it is
-        // not the one the journal left, the change is an input like any policy change.
-        let first_input = if engine.config() == &config {
-            Input::Tick
+        let (mut task, started) = EngineTask::build(config, store, history, metrics, clock, None);
+        let restored = task.restore(loaded, now);
+        // The start's own records are written before anything is served; if they
+        // cannot be, the restored table (what is durable) is.
+        let mut store = task.store.take().expect("the store, at start");
+        let written = if task.needs_snapshot {
+            store.snapshot(task.engine.state(), task.next_seq - 1)
         } else {
-            Input::Configure {
-                config: Box::new(config),
-            }
-        };
-        let reconfigured = !matches!(first_input, Input::Tick);
-        let first = engine.step(first_input.clone(), now);
-        info!(
-            epoch = %engine.state().epoch,
-            version = engine.state().version,
-            replayed,
-            alerts = engine.state().alerts.len(),
-            "state restored"
-        );
-        let health = Arc::new(StoreHealth {
-            kind: store.kind(),
-            healthy: AtomicBool::new(true),
-            recovered_from_corruption: loaded.corruption,
-        });
-        let mut next_seq = seq + 1;
-        let mut unsynced = Vec::new();
-        if first.changed {
-            unsynced.push(Record {
-                seq: next_seq,
-                at: now,
-                input: first_input,
-            });
-            next_seq += 1;
-        }
-        // A history without a snapshot has its epoch nowhere on disk: until one is
-        // written, every durable write is a snapshot (it covers every record).
-        let mut needs_snapshot = snapshot_seq.is_none();
-        let written = if needs_snapshot {
-            store.snapshot(engine.state(), next_seq - 1)
-        } else {
-            store.append(&unsynced).map(|()| {
+            store.append(&task.unsynced).map(|()| {
                 // Compact at start so replay stays short across restarts.
-                if let Err(e) = store.snapshot(engine.state(), next_seq - 1) {
+                if let Err(e) = store.snapshot(task.engine.state(), task.next_seq - 1) {
                     warn!(error = %e, source = %ErrorChain(&e), "cannot write a snapshot at start; the journal keeps everything");
                 }
             })
         };
-        let published = match written {
+        task.store = Some(store);
+        match written {
             Ok(()) => {
-                // A change of policy at start is in the history, once it is durable.
-                if reconfigured
-                    && let Err(e) = history.record(now, &first.decisions, engine.dry_run())
-                {
-                    warn!(error = %e, "cannot write the history file; entries kept in memory only");
-                }
-                unsynced.clear();
-                needs_snapshot = false;
-                snapshot_of(&engine, now)
+                task.record_history();
+                task.unsynced.clear();
+                task.needs_snapshot = false;
+                task.publisher.publish(snapshot_of(&task.engine, now));
             }
             Err(e) => {
                 error!(error = %e, source = %ErrorChain(&e), "cannot write state at start; serving the restored table, refusing input until the store recovers");
-                health.healthy.store(false, Ordering::Relaxed);
-                restored
+                task.health.healthy.store(false, Ordering::Relaxed);
+                task.publisher.publish(restored);
             }
-        };
-        let publisher = Arc::new(Publisher::new(published));
+        }
+        Ok(started.with(task))
+    }
+
+    /// Builds the task of a replica sharing `store` with others: it follows what the
+    /// leader writes (serving its table, refusing inputs) while `leadership` says
+    /// another leads, and takes the store over and decides while it leads. Nothing is
+    /// read here: the task looks, or loads, once it runs. Until it has read the
+    /// leader's state it is not ready.
+    pub fn start_shared(
+        config: Config,
+        store: Box<dyn StateStore>,
+        history: Arc<History>,
+        metrics: Arc<crate::metrics::Metrics>,
+        clock: Arc<dyn Clock>,
+        leadership: &Leadership,
+    ) -> Started {
+        let (task, started) = EngineTask::build(
+            config,
+            store,
+            history,
+            metrics,
+            clock,
+            Some(leadership.subscribe()),
+        );
+        task.health.healthy.store(false, Ordering::Relaxed);
+        started.with(task)
+    }
+
+    /// The task with a fresh engine, and the parts others share.
+    fn build(
+        config: Config,
+        store: Box<dyn StateStore>,
+        history: Arc<History>,
+        metrics: Arc<crate::metrics::Metrics>,
+        clock: Arc<dyn Clock>,
+        role: Option<watch::Receiver<Role>>,
+    ) -> (EngineTask, Parts) {
+        let now = clock.now();
+        let engine = Engine::new(
+            config.clone(),
+            Engine::fresh_state(new_epoch(now), now),
+            now,
+        );
+        let health = Arc::new(StoreHealth {
+            kind: store.kind(),
+            healthy: AtomicBool::new(true),
+            recovered_from_corruption: std::sync::Mutex::new(None),
+        });
+        let publisher = Arc::new(Publisher::new(snapshot_of(&engine, now)));
         let (tx, rx) = mpsc::channel(4096);
         let task = EngineTask {
             engine,
             store: Some(store),
-            next_seq,
+            next_seq: 1,
             since_snapshot: 0,
             snapshot_every: SNAPSHOT_EVERY,
-            needs_snapshot,
-            unsynced,
+            needs_snapshot: true,
+            unsynced: Vec::new(),
             unsynced_decisions: Vec::new(),
             history,
             publisher: publisher.clone(),
@@ -270,14 +287,96 @@ impl EngineTask {
             clock,
             health: health.clone(),
             rx,
+            deciding: role.is_none(),
+            role,
+            fenced: false,
+            desired: config,
         };
-        task.update_metrics(&first.decisions);
-        Ok(Started {
+        let parts = Parts {
             handle: EngineHandle { tx },
-            task,
             publisher,
-            health,
-        })
+        };
+        (task, parts)
+    }
+
+    /// Puts the engine in the state `loaded` holds: the journal replayed over the
+    /// snapshot under the configuration in force when it was taken, then the desired
+    /// configuration put in force as an input if it differs. The input (if any) is
+    /// queued to be written; with no snapshot yet, the next write is one. Returns the
+    /// table of what is durable, before that input.
+    fn restore(&mut self, loaded: Loaded, now: Timestamp) -> Snapshot {
+        if let Some(why) = &loaded.corruption {
+            error!(store = self.health.kind, problem = %why, "state was unreadable: starting over under a new epoch; versions restart");
+            self.metrics.state_corrupt_recovered.set(1);
+        }
+        if let Some(why) = loaded.corruption.clone() {
+            *self
+                .health
+                .recovered_from_corruption
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(why);
+        }
+        let Replayed {
+            engine,
+            seq,
+            snapshotted,
+            replayed,
+        } = replay(loaded, &self.desired, now);
+        self.engine = engine;
+        // Durable now; published as it is if the records below cannot be written, so
+        // no version is shown that a crash could take back.
+        let restored = snapshot_of(&self.engine, now);
+        let first_input = if self.engine.config() == &self.desired {
+            Input::Tick
+        } else {
+            Input::Configure {
+                config: Box::new(self.desired.clone()),
+            }
+        };
+        let reconfigured = !matches!(first_input, Input::Tick);
+        let first = self.engine.step(first_input.clone(), now);
+        info!(
+            epoch = %self.engine.state().epoch,
+            version = self.engine.state().version,
+            replayed,
+            alerts = self.engine.state().alerts.len(),
+            "state restored"
+        );
+        self.next_seq = seq + 1;
+        // A history without a snapshot has its epoch nowhere durable: until one is
+        // written, every durable write is a snapshot (it covers every record).
+        self.needs_snapshot = !snapshotted;
+        self.unsynced.clear();
+        self.unsynced_decisions.clear();
+        if first.changed {
+            self.unsynced.push(Record {
+                seq: self.next_seq,
+                at: now,
+                input: first_input,
+            });
+            self.next_seq += 1;
+        }
+        // A change of policy at start is in the history, once it is durable.
+        if reconfigured {
+            self.unsynced_decisions
+                .push((now, first.decisions.clone(), self.engine.dry_run()));
+        }
+        self.update_metrics(&first.decisions);
+        restored
+    }
+
+    /// Records the decisions waiting for their write, which landed.
+    fn record_history(&mut self) {
+        for (at, ds, dry) in std::mem::take(&mut self.unsynced_decisions) {
+            if let Err(e) = self.history.record(at, &ds, dry) {
+                warn!(error = %e, "cannot write the history file; entries kept in memory only");
+            }
+        }
+    }
+
+    /// The decision history it records to.
+    pub fn history(&self) -> Arc<History> {
+        self.history.clone()
     }
 
     /// The engine's state as restored (before [`EngineTask::run`]): for status at start
@@ -292,22 +391,28 @@ impl EngineTask {
         self.snapshot_every = records.max(1);
     }
 
-    /// Runs until `shutdown` resolves, then writes a final snapshot.
+    /// Runs until `shutdown` resolves, then writes a final snapshot if it decides.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
         let span = info_span!("engine");
         async move {
             tokio::pin!(shutdown);
             loop {
-                let sleep = self.sleep_duration();
+                let sleep = if self.deciding {
+                    self.sleep_duration()
+                } else {
+                    FOLLOW_EVERY
+                };
                 let mut jobs = Vec::new();
+                let mut look = false;
                 tokio::select! {
                     biased;
                     () = &mut shutdown => break,
+                    () = role_changed(&mut self.role) => look = true,
                     job = self.rx.recv() => match job {
                         Some(job) => jobs.push(job),
                         None => break,
                     },
-                    () = tokio::time::sleep(sleep) => {}
+                    () = tokio::time::sleep(sleep) => look = true,
                 }
                 while jobs.len() < MAX_BATCH {
                     match self.rx.try_recv() {
@@ -315,12 +420,145 @@ impl EngineTask {
                         Err(_) => break,
                     }
                 }
-                self.commit(jobs).await;
+                self.settle_role().await;
+                if self.deciding {
+                    self.commit(jobs).await;
+                } else {
+                    self.refuse(jobs);
+                    if look {
+                        self.follow().await;
+                    }
+                }
             }
-            self.final_snapshot().await;
+            if self.deciding {
+                self.final_snapshot().await;
+            }
         }
         .instrument(span)
         .await;
+    }
+
+    /// Takes charge when this replica has become the leader; stops deciding when it
+    /// no longer is.
+    async fn settle_role(&mut self) {
+        let Some(role) = &self.role else { return };
+        let leads = *role.borrow() == Role::Leader;
+        if !leads {
+            self.fenced = false;
+            if self.deciding {
+                self.step_down();
+            }
+        } else if !self.deciding && !self.fenced {
+            self.take_charge().await;
+        }
+    }
+
+    /// Loads the store (taking it over) and decides from what it holds.
+    async fn take_charge(&mut self) {
+        let now = self.clock.now();
+        let mut store = self.store.take().expect("store present between commits");
+        let (store, loaded) = tokio::task::spawn_blocking(move || {
+            let loaded = store.load();
+            (store, loaded)
+        })
+        .await
+        .expect("state store task");
+        self.store = Some(store);
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                self.fenced = matches!(e, StoreError::Fenced { .. });
+                self.store_failed(&e);
+                warn!(error = %e, source = %ErrorChain(&e), "leading, but cannot take the state store over; trying again");
+                return;
+            }
+        };
+        let restored = self.restore(loaded, now);
+        self.publisher.publish(restored);
+        self.health.healthy.store(true, Ordering::Relaxed);
+        self.deciding = true;
+        self.since_snapshot = 0;
+        info!(
+            version = self.engine.state().version,
+            "leading: deciding from the state in the store"
+        );
+        if self.needs_snapshot {
+            // Nothing was stored yet: the epoch is made durable before anything else.
+            self.snapshot().await;
+        } else {
+            self.commit(Vec::new()).await;
+        }
+    }
+
+    /// Another replica leads now: what was not written is dropped (none of it was
+    /// acknowledged), and the engine follows the store again.
+    fn step_down(&mut self) {
+        if !self.unsynced.is_empty() {
+            warn!(
+                unwritten = self.unsynced.len(),
+                "no longer leading: inputs not yet written are dropped (none was acknowledged)"
+            );
+        } else {
+            info!("no longer leading: following the leader's writes");
+        }
+        self.unsynced.clear();
+        self.unsynced_decisions.clear();
+        self.deciding = false;
+    }
+
+    /// Answers inputs that reached a follower: a new configuration is kept for when it
+    /// takes charge; anything else is for the leader.
+    fn refuse(&mut self, jobs: Vec<Job>) {
+        let version = self.engine.state().version;
+        for job in jobs {
+            let answer = match job.input {
+                Input::Configure { config } => {
+                    self.desired = *config;
+                    Ok(Applied {
+                        decisions: Vec::new(),
+                        version,
+                    })
+                }
+                _ => Err(EngineUnavailable::NotLeader),
+            };
+            let _ = job.reply.send(answer);
+        }
+    }
+
+    /// Replays what the leader wrote, if it changed, and publishes it.
+    async fn follow(&mut self) {
+        let now = self.clock.now();
+        let mut store = self.store.take().expect("store present between commits");
+        let (store, looked) = tokio::task::spawn_blocking(move || {
+            let looked = store.look();
+            (store, looked)
+        })
+        .await
+        .expect("state store task");
+        self.store = Some(store);
+        match looked {
+            Ok(None) => {}
+            Ok(Some(loaded)) => {
+                self.engine = replay(loaded, &self.desired, now).engine;
+                self.publisher.publish(snapshot_of(&self.engine, now));
+                self.update_metrics(&[]);
+                // Ready once it serves the leader's table; a later failure to look
+                // keeps that table served (gateways keep it anyway) and is logged.
+                self.health.healthy.store(true, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.store_failed(&e);
+                debug!(error = %e, source = %ErrorChain(&e), "cannot read the leader's state; serving the last table read");
+            }
+        }
+    }
+
+    /// Counts a store failure.
+    fn store_failed(&self, e: &StoreError) {
+        self.metrics
+            .store_errors
+            .get_or_create(&KindLabel { kind: e.kind() })
+            .inc();
     }
 
     fn sleep_duration(&self) -> Duration {
@@ -378,8 +616,13 @@ impl EngineTask {
 
         let records = std::mem::take(&mut self.unsynced);
         let decisions = std::mem::take(&mut self.unsynced_decisions);
-        let snapshot = self
-            .needs_snapshot
+        // A store whose journal is near its size limit takes a snapshot instead,
+        // which covers the records.
+        let prefers_snapshot = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.prefers_snapshot(&records));
+        let snapshot = (self.needs_snapshot || prefers_snapshot)
             .then(|| (self.engine.state().clone(), self.next_seq - 1));
         let wrote_snapshot = snapshot.is_some();
         let mut store = self.store.take().expect("store present between commits");
@@ -440,7 +683,18 @@ impl EngineTask {
                 for (reply, _, _) in answered {
                     let _ = reply.send(Err(EngineUnavailable::Store { kind: e.kind() }));
                 }
+                self.on_fenced(&e);
             }
+        }
+    }
+
+    /// Another replica took the store over: this one stops deciding at once, and does
+    /// not take it back before its role changes.
+    fn on_fenced(&mut self, e: &StoreError) {
+        if self.role.is_some() && matches!(e, StoreError::Fenced { .. }) {
+            error!(error = %e, "the state store was taken over by another replica: no longer deciding");
+            self.fenced = true;
+            self.step_down();
         }
     }
 
@@ -456,13 +710,21 @@ impl EngineTask {
         .expect("snapshot task");
         self.store = Some(store);
         match result {
-            Ok(()) => self.since_snapshot = 0,
+            Ok(()) => {
+                self.since_snapshot = 0;
+                if self.needs_snapshot {
+                    // The first durable write of a new history: it covers every record.
+                    self.needs_snapshot = false;
+                    self.unsynced.clear();
+                    self.record_history();
+                    self.publisher
+                        .publish(snapshot_of(&self.engine, self.clock.now()));
+                }
+            }
             Err(e) => {
-                self.metrics
-                    .store_errors
-                    .get_or_create(&KindLabel { kind: e.kind() })
-                    .inc();
+                self.store_failed(&e);
                 warn!(error = %e, source = %ErrorChain(&e), "cannot write a snapshot; the journal keeps growing until one succeeds");
+                self.on_fenced(&e);
             }
         }
     }
@@ -548,6 +810,74 @@ impl EngineTask {
         m.blocks_active.set(s.blocks.len() as i64);
         m.route_version
             .set(i64::try_from(s.version).unwrap_or(i64::MAX));
+    }
+}
+
+/// Resolves when the role changed; never without roles.
+async fn role_changed(role: &mut Option<watch::Receiver<Role>>) {
+    match role {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The shared parts of a task being built.
+struct Parts {
+    handle: EngineHandle,
+    publisher: Arc<Publisher>,
+}
+
+impl Parts {
+    fn with(self, task: EngineTask) -> Started {
+        Started {
+            handle: self.handle,
+            health: task.health.clone(),
+            publisher: self.publisher,
+            task,
+        }
+    }
+}
+
+/// An engine with a store's state replayed.
+struct Replayed {
+    engine: Engine,
+    /// The last journal position applied.
+    seq: u64,
+    /// The state came from a snapshot (else from nothing).
+    snapshotted: bool,
+    /// Journal records replayed.
+    replayed: usize,
+}
+
+/// The engine `loaded` makes: its journal replayed over its snapshot (or over a fresh
+/// state under `config`), under the configuration its inputs were first stepped
+/// under: the one in force when the snapshot was taken.
+fn replay(loaded: Loaded, config: &Config, now: Timestamp) -> Replayed {
+    let snapshotted = loaded.snapshot.is_some();
+    let (state, mut seq) = match loaded.snapshot {
+        Some((state, seq)) => (state, seq),
+        None => (Engine::fresh_state(new_epoch(now), now), 0),
+    };
+    let replay_config = state
+        .config
+        .as_deref()
+        .cloned()
+        .unwrap_or_else(|| config.clone());
+    let mut engine = Engine::new(replay_config, state, now);
+    let replayed = loaded.journal.len();
+    for record in loaded.journal {
+        engine.step(record.input, record.at);
+        seq = record.seq;
+    }
+    Replayed {
+        engine,
+        seq,
+        snapshotted,
+        replayed,
     }
 }
 

@@ -11,7 +11,9 @@
 //!
 //! Without a cluster there is one replica, always the leader ([`Leadership::single`]).
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use tokio::sync::watch;
 
 /// This replica's part.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,34 +27,49 @@ pub enum Role {
     },
 }
 
-/// This replica's role, as the election last settled it.
+/// This replica's role, as the election last settled it; the engine task is told of
+/// every change.
 #[derive(Debug)]
 pub struct Leadership {
-    role: RwLock<Role>,
+    role: watch::Sender<Role>,
 }
 
 impl Leadership {
     /// A replica alone: always the leader.
     pub fn single() -> Arc<Leadership> {
         Arc::new(Leadership {
-            role: RwLock::new(Role::Leader),
+            role: watch::Sender::new(Role::Leader),
         })
     }
 
     /// A replica that follows until an election makes it the leader.
     pub fn following(leader: Option<String>) -> Arc<Leadership> {
         Arc::new(Leadership {
-            role: RwLock::new(Role::Follower { leader }),
+            role: watch::Sender::new(Role::Follower { leader }),
         })
     }
 
     /// Its role now.
     pub fn role(&self) -> Role {
-        self.role.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.role.borrow().clone()
+    }
+
+    /// Whether it leads now.
+    pub fn leads(&self) -> bool {
+        *self.role.borrow() == Role::Leader
     }
 
     /// Sets its role (the election's outcome).
     pub fn set(&self, role: Role) {
-        *self.role.write().unwrap_or_else(|e| e.into_inner()) = role;
+        self.role.send_if_modified(|r| {
+            let changed = *r != role;
+            *r = role;
+            changed
+        });
+    }
+
+    /// Told of every change of role.
+    pub fn subscribe(&self) -> watch::Receiver<Role> {
+        self.role.subscribe()
     }
 }

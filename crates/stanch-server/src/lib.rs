@@ -50,8 +50,8 @@ pub struct Settings {
     pub config: Config,
     /// The controller's own settings (limits, token files, Alertmanager).
     pub server: ServerConfig,
-    /// Where state lives; `None` keeps it in memory (lost on restart).
-    pub data_dir: Option<PathBuf>,
+    /// Where state lives.
+    pub storage: Storage,
     /// Role tokens.
     pub tokens: Tokens,
     /// TLS certificate chain and key (PEM), if the listener speaks TLS.
@@ -71,12 +71,34 @@ impl Settings {
         Self {
             config,
             server: ServerConfig::default(),
-            data_dir: None,
+            storage: Storage::Memory,
             tokens: Tokens::default(),
             tls: None,
             alertmanager_token: None,
             limits: ConnLimits::default(),
             leadership: Leadership::single(),
+        }
+    }
+}
+
+/// Where the controller keeps its state.
+pub enum Storage {
+    /// In memory: lost on restart.
+    Memory,
+    /// Snapshot, journal and history under a data directory ([`FileStore`]).
+    Dir(PathBuf),
+    /// A store shared by replicas (stanch-kube's): the one `Settings::leadership` says
+    /// leads takes it over and decides; the others replay what it writes. The
+    /// decision history is kept in memory, per replica.
+    Shared(Box<dyn StateStore>),
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Storage::Memory => f.write_str("Memory"),
+            Storage::Dir(dir) => f.debug_tuple("Dir").field(dir).finish(),
+            Storage::Shared(store) => f.debug_tuple("Shared").field(&store.kind()).finish(),
         }
     }
 }
@@ -157,34 +179,41 @@ impl Controller {
         };
         let (config, server) = (settings.config, settings.server);
         let metrics = Arc::new(Metrics::new());
-        let (store, history): (Box<dyn StateStore>, History) = match &settings.data_dir {
-            Some(dir) => {
+        let history_size = server.history.max_entries;
+        let started = match settings.storage {
+            Storage::Dir(dir) => {
                 let tag = clock.now().as_millis().to_string();
-                let store = FileStore::open(dir, tag)?;
-                let history = History::open(
-                    dir,
-                    server.history.max_entries,
-                    server.history.max_file_bytes,
-                )
-                .map_err(|source| StartError::History {
-                    dir: dir.clone(),
-                    source,
-                })?;
-                (Box::new(store), history)
+                let store = FileStore::open(&dir, tag)?;
+                let history = History::open(&dir, history_size, server.history.max_file_bytes)
+                    .map_err(|source| StartError::History {
+                        dir: dir.clone(),
+                        source,
+                    })?;
+                EngineTask::start(
+                    config.clone(),
+                    Box::new(store),
+                    Arc::new(history),
+                    metrics.clone(),
+                    clock.clone(),
+                )?
             }
-            None => (
+            Storage::Memory => EngineTask::start(
+                config.clone(),
                 Box::new(MemoryStore::default()),
-                History::in_memory(server.history.max_entries),
+                Arc::new(History::in_memory(history_size)),
+                metrics.clone(),
+                clock.clone(),
+            )?,
+            Storage::Shared(store) => EngineTask::start_shared(
+                config.clone(),
+                store,
+                Arc::new(History::in_memory(history_size)),
+                metrics.clone(),
+                clock.clone(),
+                &settings.leadership,
             ),
         };
-        let history = Arc::new(history);
-        let started = EngineTask::start(
-            config.clone(),
-            store,
-            history.clone(),
-            metrics.clone(),
-            clock.clone(),
-        )?;
+        let history = started.task.history();
         let (stop, stopped) = watch::channel(false);
         let until_stopped = move || {
             let mut rx = stopped.clone();

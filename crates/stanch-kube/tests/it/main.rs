@@ -4,3 +4,4 @@ mod adapter;
 mod client;
 mod crds;
 mod fake;
+mod store;

@@ -38,7 +38,7 @@ pub(super) async fn status(State(state): State<AppState>) -> Json<StatusReport> 
                 .store
                 .healthy
                 .load(std::sync::atomic::Ordering::Relaxed),
-            recovered_from_corruption: state.store.recovered_from_corruption.clone(),
+            recovered_from_corruption: state.store.recovered_from_corruption(),
         },
     })
 }

@@ -84,6 +84,27 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A store in a remote service (the Kubernetes API) could not do an operation;
+    /// what was durable before still is.
+    #[error("cannot {operation} the state object {object}")]
+    Remote {
+        /// `load`, `append`, `snapshot` or `look`.
+        operation: &'static str,
+        /// The object it concerns.
+        object: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Another replica took the store over: this one no longer leads and must not
+    /// write again until it loads the store anew.
+    #[error("the state object {object} was taken over by {holder}")]
+    Fenced {
+        /// The state object.
+        object: String,
+        /// The replica that holds it now.
+        holder: String,
+    },
 }
 
 impl StoreError {
@@ -94,13 +115,15 @@ impl StoreError {
             StoreError::Append { .. } => "append",
             StoreError::Snapshot { .. } => "snapshot",
             StoreError::Load { .. } => "load",
+            StoreError::Remote { .. } => "remote",
+            StoreError::Fenced { .. } => "fenced",
         }
     }
 }
 
 /// Durable storage of the engine's inputs and snapshots.
 pub trait StateStore: Send + 'static {
-    /// `file` or `memory`.
+    /// `file`, `memory` or `kubernetes`.
     fn kind(&self) -> &'static str;
     /// Reads what is stored, moving aside what cannot be read.
     fn load(&mut self) -> Result<Loaded, StoreError>;
@@ -112,6 +135,19 @@ pub trait StateStore: Send + 'static {
     /// drops the journal records it covers. On `Err` the records stay durable in the
     /// journal.
     fn snapshot(&mut self, state: &EngineState, seq: u64) -> Result<(), StoreError>;
+    /// Whether this store would rather take a snapshot than `records` in its journal
+    /// (its journal is near a size limit): the engine task then writes a snapshot,
+    /// which covers them.
+    fn prefers_snapshot(&self, records: &[Record]) -> bool {
+        let _ = records;
+        false
+    }
+    /// For a replica that follows another's writes: what is stored now if it changed
+    /// since the last look, `None` if not. Writes nothing. A store only this process
+    /// writes never changes under it.
+    fn look(&mut self) -> Result<Option<Loaded>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// Keeps everything in memory: for tests and throwaway runs. Nothing survives a restart.

@@ -190,7 +190,7 @@ async fn launch(
         Tokens::default()
     };
     let settings = Settings {
-        data_dir: Some(dir.to_owned()),
+        storage: stanch_server::Storage::Dir(dir.to_owned()),
         tokens,
         server: server.clone(),
         ..Settings::in_memory(config.clone())

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -67,6 +68,9 @@ enum StoreKind {
     File,
     /// In memory only; state is lost on restart.
     Memory,
+    /// In ConfigMaps of the namespace, shared by replicas: the one holding the Lease
+    /// decides, the others serve its table (in-cluster configuration, or KUBECONFIG).
+    Kubernetes,
 }
 
 #[derive(Debug, clap::Args)]
@@ -101,13 +105,34 @@ struct ServeArgs {
     /// KUBECONFIG.
     #[arg(long, env = "STANCH_KUBERNETES_POLICIES")]
     kubernetes_policies: bool,
-    /// The namespace whose policies are taken; every namespace when not given.
-    #[arg(
-        long,
-        env = "STANCH_KUBERNETES_NAMESPACE",
-        requires = "kubernetes_policies"
-    )]
+    /// The namespace of the state, the Lease and the policies taken: by default the
+    /// pod's own (or the kubeconfig context's); policies then come from every
+    /// namespace unless this is given.
+    #[arg(long, env = "STANCH_KUBERNETES_NAMESPACE")]
     kubernetes_namespace: Option<String>,
+    /// With `--store kubernetes`: the Lease replicas elect their leader on.
+    #[arg(long, env = "STANCH_KUBERNETES_LEASE", default_value = "stanch")]
+    kubernetes_lease: String,
+    /// With `--store kubernetes`: the ConfigMap holding the state (its shards are
+    /// named after it).
+    #[arg(long, env = "STANCH_KUBERNETES_STATE", default_value = "stanch-state")]
+    kubernetes_state: String,
+    /// With `--store kubernetes`: how long a lease lasts unrenewed; a leader killed
+    /// outright is replaced within about this.
+    #[arg(long, env = "STANCH_LEASE_DURATION", default_value = "15s", value_parser = humantime_secs)]
+    lease_duration: Duration,
+}
+
+/// A whole number of seconds (`15s`, `1m`): Lease durations are in seconds.
+fn humantime_secs(text: &str) -> Result<Duration, String> {
+    let d: stanch_api::HumanDuration = text.parse().map_err(|e| format!("{text}: {e}"))?;
+    let d = d.0;
+    if d < Duration::from_secs(2) || d > Duration::from_secs(300) || d.subsec_nanos() != 0 {
+        return Err(format!(
+            "{text}: a lease lasts whole seconds, from 2s to 5m"
+        ));
+    }
+    Ok(d)
 }
 
 fn main() -> ExitCode {
@@ -256,7 +281,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         server,
         storage: match args.store {
             StoreKind::File => Storage::Dir(args.data_dir),
-            StoreKind::Memory => Storage::Memory,
+            // Replaced by the cluster's store once connected.
+            StoreKind::Memory | StoreKind::Kubernetes => Storage::Memory,
         },
         tokens,
         tls: args.tls_cert.zip(args.tls_key),
@@ -282,8 +308,15 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let kubernetes = args.kubernetes_policies.then(|| Kubernetes {
+    let shared_store = matches!(args.store, StoreKind::Kubernetes).then(|| ClusterStore {
+        lease: args.kubernetes_lease.clone(),
+        state: args.kubernetes_state.clone(),
+        lease_duration: args.lease_duration,
+    });
+    let kubernetes = (args.kubernetes_policies || shared_store.is_some()).then(|| Kubernetes {
         namespace: args.kubernetes_namespace.clone(),
+        policies: args.kubernetes_policies,
+        store: shared_store,
     });
     match runtime.block_on(run(settings, args.listen, args.config, kubernetes)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -295,9 +328,75 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-/// Where policy resources come from, when they are used.
+/// What is taken from the cluster.
 struct Kubernetes {
+    /// Given: the namespace of everything; else the pod's (or the context's) for the
+    /// state and the Lease, and every namespace for policies.
     namespace: Option<String>,
+    /// StanchPolicy resources are merged over the file.
+    policies: bool,
+    /// State in the cluster, with leader election.
+    store: Option<ClusterStore>,
+}
+
+/// `--store kubernetes`.
+struct ClusterStore {
+    lease: String,
+    state: String,
+    lease_duration: Duration,
+}
+
+/// Clock skew allowed between replicas: a leader stops this much before its lease
+/// could expire by another replica's clock.
+const LEASE_SKEW: Duration = Duration::from_secs(2);
+/// The longest one call of the state store may take.
+const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// This replica's name in the Lease and the state object: the pod's name (`POD_NAME`
+/// from the downward API, else `HOSTNAME`, which Kubernetes sets to it).
+fn replica_identity() -> String {
+    ["POD_NAME", "HOSTNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|n| !n.trim().is_empty()))
+        .unwrap_or_else(|| format!("stanch-{}", std::process::id()))
+}
+
+/// Puts the state in the cluster: the store in `settings`, and the election that
+/// decides which replica writes it, to be run.
+async fn cluster_store(
+    settings: &mut Settings,
+    options: &ClusterStore,
+    namespace: Option<&str>,
+) -> anyhow::Result<stanch_kube::election::Election> {
+    let mut config = kube::Config::infer()
+        .await
+        .context("cannot find the Kubernetes API (in-cluster configuration or KUBECONFIG)")?;
+    // The store and the election bound each call and retry in their own loops: a
+    // call never waits on a hidden backoff.
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let namespace = namespace.map_or_else(|| client.default_namespace().to_owned(), str::to_owned);
+    let identity = replica_identity();
+    let clock: Arc<dyn stanch_server::clock::Clock> = Arc::new(SystemClock);
+    let leadership = stanch_server::leadership::Leadership::following(None);
+    let election = stanch_kube::election::Election::new(
+        kube::Api::namespaced(client.clone(), &namespace),
+        &options.lease,
+        stanch_kube::lease::Elector::new(&identity, options.lease_duration, LEASE_SKEW),
+        clock,
+        leadership.clone(),
+    );
+    let store = stanch_kube::store::KubeStore::new(
+        kube::Api::namespaced(client, &namespace),
+        &options.state,
+        &identity,
+        election.guard(),
+        STORE_CALL_TIMEOUT,
+    );
+    tracing::info!(%namespace, %identity, lease = %options.lease, state = %options.state, "state in the cluster; electing a leader");
+    settings.storage = Storage::Shared(Box::new(store));
+    settings.leadership = leadership;
+    Ok(election)
 }
 
 async fn run(
@@ -312,7 +411,16 @@ async fn run(
     // now merged over it, so that a restart replays and resumes under it: the state of
     // the models the resources define is kept, not dropped and made again.
     let (files, reloads) = tokio::sync::mpsc::channel(4);
-    let adapter = match &kubernetes {
+    let election = match kubernetes
+        .as_ref()
+        .and_then(|k| Some((k.store.as_ref()?, k)))
+    {
+        Some((options, k)) => {
+            Some(cluster_store(&mut settings, options, k.namespace.as_deref()).await?)
+        }
+        None => None,
+    };
+    let adapter = match kubernetes.as_ref().filter(|k| k.policies) {
         None => None,
         Some(k) => {
             let client = kube::Client::try_default().await.context(
@@ -335,6 +443,12 @@ async fn run(
         }
     };
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
+    let (resign, resigned) = tokio::sync::oneshot::channel::<()>();
+    let election = election.map(|e| {
+        tokio::spawn(e.run(async {
+            let _ = resigned.await;
+        }))
+    });
     let policies = async {
         match adapter {
             Some(a) => a.run(&controller, std::future::pending()).await,
@@ -342,7 +456,7 @@ async fn run(
         }
     };
     // With resources, a reloaded file goes to the adapter, to be merged under them.
-    let target = match kubernetes {
+    let target = match kubernetes.as_ref().filter(|k| k.policies) {
         Some(_) => Reload::UnderResources(files),
         None => Reload::Controller(&controller),
     };
@@ -353,7 +467,13 @@ async fn run(
         () = policies => {}
     }
     tracing::info!("shutting down");
+    // The engine's last snapshot is written while the lease is still held; then the
+    // lease is given up, so another replica leads within a second.
     controller.shutdown().await;
+    let _ = resign.send(());
+    if let Some(election) = election {
+        let _ = election.await;
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 mod cli;
 mod drill;
 mod e2e;
+mod ha;
 mod kubernetes;
 mod process;
 mod rules;

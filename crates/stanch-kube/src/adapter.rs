@@ -208,7 +208,9 @@ impl Adapter {
             let Some(outcome) = merged.outcomes.get(&key) else {
                 continue;
             };
-            if self.outcomes.get(&key) != Some(outcome)
+            // Only the leader speaks for the replicas: one Event, not one a replica.
+            if controller.leadership().leads()
+                && self.outcomes.get(&key) != Some(outcome)
                 && let Some(said) = crate::events::refused(outcome)
             {
                 self.event(p, said).await;
@@ -238,8 +240,13 @@ impl Adapter {
     /// Writes each resource's status where it changed, within the budget; what the
     /// budget puts off is written at the next second.
     async fn write_statuses(&mut self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
-        let published = controller.published();
         self.deferred = false;
+        // Only the leader writes statuses; on taking charge it publishes, and writes
+        // them then.
+        if !controller.leadership().leads() {
+            return;
+        }
+        let published = controller.published();
         for p in listed {
             let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
             // Not merged yet (its list is still arriving): nothing to say of it.

@@ -1,0 +1,259 @@
+//! Two `stanch serve --store kubernetes` processes against one fake API server: one
+//! leads, the other serves the leader's table and refuses writes with 503 and the
+//! leader's name; the leader is killed with `kill -9` mid-incident and the other takes
+//! over within a lease, with everything acknowledged; a leader stopped with SIGTERM
+//! hands over in about a second.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stanch_kube::fake::FakeApiServer;
+use tokio::time::Instant;
+
+use crate::process::client;
+
+const NS: &str = "monitoring";
+const LEASE: Duration = Duration::from_secs(3);
+
+struct Replica {
+    identity: String,
+    child: Child,
+    base: String,
+}
+
+impl Replica {
+    fn start(identity: &str, kubeconfig: &Path) -> Replica {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(env!("CARGO_BIN_EXE_stanch"))
+            .args([
+                "serve",
+                "--store",
+                "kubernetes",
+                "--kubernetes-namespace",
+                NS,
+            ])
+            .args(["--lease-duration", &format!("{}s", LEASE.as_secs())])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("POD_NAME", identity)
+            .env("STANCH_ADMIN_TOKEN", "adm")
+            .env("STANCH_INGEST_TOKEN", "ing")
+            .env("STANCH_READ_TOKEN", "rd")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let replica = Replica {
+            identity: identity.to_owned(),
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let http = client();
+        for _ in 0..400 {
+            if http
+                .get(format!("{}/healthz", replica.base))
+                .send()
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return replica;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("{identity} did not start");
+    }
+
+    fn get(&self, path: &str) -> Value {
+        client()
+            .get(format!("{}{path}", self.base))
+            .bearer_auth("rd")
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn post_alert(&self, n: u64) -> reqwest::blocking::Response {
+        client()
+            .post(format!("{}/v1/alerts/alertmanager", self.base))
+            .bearer_auth("ing")
+            .json(&alert(n))
+            .send()
+            .unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn alert(n: u64) -> Value {
+    json!({"version": "4", "status": "firing", "receiver": "stanch", "alerts": [{
+        "status": "firing", "fingerprint": format!("{n:016x}"),
+        "labels": {"alertname": "Drill", "case": n.to_string(), "action": "trigger-failover",
+                   "target_model": "qwen-72b", "pool": "dc-a"},
+        "annotations": {"summary": "集群故障"},
+        "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z"}]})
+}
+
+fn kubeconfig(dir: &Path, url: &str) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: {NS}}}}}]\n\
+             current-context: c\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The Lease's holder, as stored.
+fn holder(api: &FakeApiServer) -> Option<String> {
+    let lease = api.object("apis/coordination.k8s.io/v1", "leases", NS, "stanch")?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+/// Waits until `check` holds, polling; panics with `what` past `within`.
+fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The fingerprints of the alerts `replica` holds for the 72B model.
+fn alerts(replica: &Replica) -> BTreeSet<String> {
+    replica.get("/v1/status")["models"]["qwen-72b"]["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Sends alerts to `replica` until one is taken; how long that took.
+fn until_taken(replica: &Replica, n: u64, within: Duration) -> Duration {
+    let start = Instant::now();
+    eventually(within, "a write taken by the new leader", || {
+        let r = client()
+            .post(format!("{}/v1/alerts/alertmanager", replica.base))
+            .bearer_auth("ing")
+            .json(&alert(n))
+            .send()
+            .ok()?;
+        (r.status() == 200).then(|| start.elapsed())
+    })
+}
+
+#[test]
+fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let api = runtime.block_on(FakeApiServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(dir.path(), api.url());
+    let mut replicas = vec![
+        Replica::start("stanch-0", &kubeconfig),
+        Replica::start("stanch-1", &kubeconfig),
+    ];
+    let leader_name = eventually(Duration::from_secs(10), "a leader", || holder(&api));
+    let at = replicas
+        .iter()
+        .position(|r| r.identity == leader_name)
+        .unwrap();
+    let leader = replicas.remove(at);
+    let follower = replicas.pop().unwrap();
+
+    // The incident: alerts acknowledged by the leader.
+    let mut acked = BTreeSet::new();
+    for n in 1..=40 {
+        let r = eventually(Duration::from_secs(10), "the leader taking alerts", || {
+            let r = leader.post_alert(n);
+            (r.status() != 503).then_some(r)
+        });
+        assert_eq!(r.status(), 200);
+        acked.insert(format!("{n:016x}"));
+    }
+
+    // The follower refuses writes, naming the leader, so Alertmanager retries.
+    let refused = follower.post_alert(1000);
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["x-stanch-leader"], leader_name.as_str());
+    // It serves the leader's table: the same version, the same content.
+    let table = leader.get("/v1/routes");
+    eventually(
+        Duration::from_secs(5),
+        "the follower serving the leader's table",
+        || (follower.get("/v1/routes") == table).then_some(()),
+    );
+    assert_eq!(
+        alerts(&follower),
+        acked,
+        "the follower holds what was acknowledged"
+    );
+
+    // kill -9 mid-incident: no chance to give the lease up.
+    leader.signal("-9");
+    let failover = until_taken(&follower, 41, LEASE * 4);
+    acked.insert(format!("{:016x}", 41));
+    eprintln!(
+        "kill -9 of the leader -> the follower taking writes: {failover:?} (lease {LEASE:?})"
+    );
+    assert!(
+        failover <= LEASE + Duration::from_secs(2),
+        "failover took {failover:?}"
+    );
+    assert_eq!(holder(&api).as_deref(), Some(follower.identity.as_str()));
+    let status = follower.get("/v1/status");
+    assert_eq!(status["epoch"], table["epoch"], "the same epoch");
+    assert!(status["version"].as_u64() > table["version"].as_u64());
+    let held = alerts(&follower);
+    let lost: Vec<&String> = acked.difference(&held).collect();
+    assert!(lost.is_empty(), "acknowledged alerts lost: {lost:?}");
+    drop(leader);
+
+    // A new replica follows; the leader stopped with SIGTERM hands over to it.
+    let next = Replica::start("stanch-2", &kubeconfig);
+    let table = follower.get("/v1/routes");
+    eventually(Duration::from_secs(5), "the new replica following", || {
+        (next.get("/v1/routes") == table).then_some(())
+    });
+    follower.signal("-TERM");
+    let handover = until_taken(&next, 42, LEASE * 4);
+    eprintln!("SIGTERM of the leader -> the next taking writes: {handover:?}");
+    assert!(
+        handover <= Duration::from_millis(1_500),
+        "handover took {handover:?}"
+    );
+    acked.insert(format!("{:016x}", 42));
+    let held = alerts(&next);
+    let lost: Vec<&String> = acked.difference(&held).collect();
+    assert!(lost.is_empty(), "acknowledged alerts lost: {lost:?}");
+}

@@ -257,3 +257,64 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
     let lost: Vec<&String> = acked.difference(&held).collect();
     assert!(lost.is_empty(), "acknowledged alerts lost: {lost:?}");
 }
+
+#[test]
+fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let api = runtime.block_on(FakeApiServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(dir.path(), api.url());
+    let mut replicas = vec![
+        Replica::start("stanch-0", &kubeconfig),
+        Replica::start("stanch-1", &kubeconfig),
+    ];
+    let leader_name = eventually(Duration::from_secs(10), "a leader", || holder(&api));
+    let at = replicas
+        .iter()
+        .position(|r| r.identity == leader_name)
+        .unwrap();
+    let paused = replicas.remove(at);
+    let other = replicas.pop().unwrap();
+    let mut acked = BTreeSet::new();
+    for n in 1..=10 {
+        eventually(Duration::from_secs(10), "the leader taking alerts", || {
+            (paused.post_alert(n).status() == 200).then_some(())
+        });
+        acked.insert(format!("{n:016x}"));
+    }
+
+    // Paused (a long GC, a frozen node) past its lease: the other takes over.
+    paused.signal("-STOP");
+    until_taken(&other, 11, LEASE * 4);
+    acked.insert(format!("{:016x}", 11));
+    paused.signal("-CONT");
+
+    // Awake, it finds its term over: it refuses writes, naming the new leader, and
+    // follows the new leader's table.
+    let refused = eventually(Duration::from_secs(5), "the woken replica refusing", || {
+        let r = paused.post_alert(12);
+        (r.status() == 503).then_some(r)
+    });
+    assert_eq!(
+        refused.headers()["x-stanch-leader"],
+        other.identity.as_str()
+    );
+    let table = other.get("/v1/routes");
+    eventually(
+        Duration::from_secs(5),
+        "the woken replica following",
+        || (paused.get("/v1/routes") == table).then_some(()),
+    );
+    let state = api
+        .object("api/v1", "configmaps", NS, "stanch-state")
+        .unwrap();
+    assert_eq!(state["data"]["holder"], other.identity.as_str());
+    assert_eq!(
+        holder(&api).as_deref(),
+        Some(other.identity.as_str()),
+        "the woken replica did not take the lease back"
+    );
+    let held = alerts(&other);
+    let lost: Vec<&String> = acked.difference(&held).collect();
+    assert!(lost.is_empty(), "acknowledged alerts lost: {lost:?}");
+}

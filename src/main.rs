@@ -361,13 +361,17 @@ fn replica_identity() -> String {
         .unwrap_or_else(|| format!("stanch-{}", std::process::id()))
 }
 
-/// Puts the state in the cluster: the store in `settings`, and the election that
-/// decides which replica writes it, to be run.
+/// Puts the state in the cluster: the store in `settings`; the election that decides
+/// which replica writes it, and the writer of the route-table resource (named as the
+/// Lease), to be run.
 async fn cluster_store(
     settings: &mut Settings,
     options: &ClusterStore,
     namespace: Option<&str>,
-) -> anyhow::Result<stanch_kube::election::Election> {
+) -> anyhow::Result<(
+    stanch_kube::election::Election,
+    stanch_kube::publish::RouteTableWriter,
+)> {
     let mut config = kube::Config::infer()
         .await
         .context("cannot find the Kubernetes API (in-cluster configuration or KUBECONFIG)")?;
@@ -387,16 +391,20 @@ async fn cluster_store(
         leadership.clone(),
     );
     let store = stanch_kube::store::KubeStore::new(
-        kube::Api::namespaced(client, &namespace),
+        kube::Api::namespaced(client.clone(), &namespace),
         &options.state,
         &identity,
         election.guard(),
         STORE_CALL_TIMEOUT,
     );
+    let tables = stanch_kube::publish::RouteTableWriter::new(
+        kube::Api::namespaced(client, &namespace),
+        &options.lease,
+    );
     tracing::info!(%namespace, %identity, lease = %options.lease, state = %options.state, "state in the cluster; electing a leader");
     settings.storage = Storage::Shared(Box::new(store));
     settings.leadership = leadership;
-    Ok(election)
+    Ok((election, tables))
 }
 
 async fn run(
@@ -411,7 +419,7 @@ async fn run(
     // now merged over it, so that a restart replays and resumes under it: the state of
     // the models the resources define is kept, not dropped and made again.
     let (files, reloads) = tokio::sync::mpsc::channel(4);
-    let election = match kubernetes
+    let cluster = match kubernetes
         .as_ref()
         .and_then(|k| Some((k.store.as_ref()?, k)))
     {
@@ -444,11 +452,20 @@ async fn run(
     };
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
     let (resign, resigned) = tokio::sync::oneshot::channel::<()>();
+    let (election, tables) = cluster.unzip();
     let election = election.map(|e| {
         tokio::spawn(e.run(async {
             let _ = resigned.await;
         }))
     });
+    let tables = async {
+        match tables {
+            Some(t) => {
+                stanch_kube::publish::follow_published(t, &controller, std::future::pending()).await
+            }
+            None => std::future::pending().await,
+        }
+    };
     let policies = async {
         match adapter {
             Some(a) => a.run(&controller, std::future::pending()).await,
@@ -465,6 +482,7 @@ async fn run(
         () = stanch_server::net::shutdown_signal() => {}
         () = reload => {}
         () = policies => {}
+        () = tables => {}
     }
     tracing::info!("shutting down");
     // The engine's last snapshot is written while the lease is still held; then the

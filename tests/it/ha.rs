@@ -218,6 +218,16 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
         acked,
         "the follower holds what was acknowledged"
     );
+    // The route-table resource holds it too, as the watch serves it.
+    eventually(Duration::from_secs(5), "the route-table resource", || {
+        let resource = api.object(
+            "apis/stanch.dev/v1alpha1",
+            "stanchroutetables",
+            NS,
+            "stanch",
+        )?;
+        (resource["status"]["table"] == table).then_some(())
+    });
 
     // kill -9 mid-incident: no chance to give the lease up.
     leader.signal("-9");
@@ -291,10 +301,17 @@ fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
 
     // Awake, it finds its term over: it refuses writes, naming the new leader, and
     // follows the new leader's table.
-    let refused = eventually(Duration::from_secs(5), "the woken replica refusing", || {
-        let r = paused.post_alert(12);
-        (r.status() == 503).then_some(r)
-    });
+    // Until it has looked at the Lease its term is over all the same: it takes
+    // nothing (503) from the moment it wakes.
+    let refused = eventually(
+        Duration::from_secs(5),
+        "the woken replica naming the leader",
+        || {
+            let r = paused.post_alert(12);
+            assert_eq!(r.status(), 503, "a write taken by a deposed leader");
+            r.headers().contains_key("x-stanch-leader").then_some(r)
+        },
+    );
     assert_eq!(
         refused.headers()["x-stanch-leader"],
         other.identity.as_str()

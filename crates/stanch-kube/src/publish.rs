@@ -60,3 +60,38 @@ impl RouteTableWriter {
         Ok(true)
     }
 }
+
+/// The least time between two writes of the route-table resource: an alert storm
+/// publishing hundreds of versions a second costs the API server at most this many
+/// writes; the newest version is always the one written.
+pub const MIN_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Writes every table `controller` publishes to the resource while this replica
+/// leads, the newest at most every [`MIN_WRITE_INTERVAL`], until `shutdown`. A failed
+/// write is tried again at the next interval.
+pub async fn follow_published(
+    mut writer: RouteTableWriter,
+    controller: &stanch_server::Controller,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut versions = controller.subscribe();
+    let mut leading = controller.leadership().subscribe();
+    tokio::pin!(shutdown);
+    loop {
+        if controller.leadership().leads() {
+            let published = controller.published();
+            if let Err(e) = writer.write(&published.table).await {
+                tracing::warn!(error = %e, "cannot write the route-table resource; trying again");
+            }
+        }
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(MIN_WRITE_INTERVAL) => {}
+        }
+        tokio::select! {
+            () = &mut shutdown => return,
+            Ok(()) = versions.changed() => {}
+            Ok(()) = leading.changed() => {}
+        }
+    }
+}

@@ -335,3 +335,48 @@ fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
     let lost: Vec<&String> = acked.difference(&held).collect();
     assert!(lost.is_empty(), "acknowledged alerts lost: {lost:?}");
 }
+
+#[test]
+fn an_api_server_down_past_the_lease_leaves_the_table_served_and_decisions_resume() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let api = runtime.block_on(FakeApiServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(dir.path(), api.url());
+    let replica = Replica::start("stanch-0", &kubeconfig);
+    eventually(Duration::from_secs(10), "a leader", || holder(&api));
+    let mut acked = BTreeSet::new();
+    for n in 1..=5 {
+        eventually(Duration::from_secs(10), "the leader taking alerts", || {
+            (replica.post_alert(n).status() == 200).then_some(())
+        });
+        acked.insert(format!("{n:016x}"));
+    }
+    let table = replica.get("/v1/routes");
+
+    // Down for longer than the lease: the table stays served, nothing is taken.
+    api.set_down(true);
+    let down = Instant::now();
+    while down.elapsed() < LEASE * 2 {
+        assert_eq!(replica.get("/v1/routes"), table, "the last table is served");
+        assert_eq!(
+            replica.post_alert(100).status(),
+            503,
+            "nothing taken unstored"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Back: it leads again, from the stored state, and takes inputs.
+    api.set_down(false);
+    until_taken(&replica, 6, Duration::from_secs(10));
+    acked.insert(format!("{:016x}", 6));
+    let status = replica.get("/v1/status");
+    assert_eq!(status["epoch"], table["epoch"], "the same history");
+    let held = alerts(&replica);
+    let lost: Vec<&String> = acked.difference(&held).collect();
+    assert!(lost.is_empty(), "acknowledged alerts lost: {lost:?}");
+    assert!(
+        !held.contains(&format!("{:016x}", 100)),
+        "what was refused is not in"
+    );
+}

@@ -7,7 +7,9 @@
 //! journaled like any input), and a resource newly refused gets a `SpecRefused` Event.
 //! On every change and every published version, each resource's status is written if
 //! it changed ([`crate::status::next`]), by server-side apply under field manager
-//! `stanch`. Errors talking to the API server are logged and retried at the next
+//! `stanch`. Every decision about a model with a policy in force (rung transitions,
+//! blocks, overrides) becomes an Event on that policy ([`crate::events::said`]), at most
+//! [`DECISION_EVENTS_PER_SECOND`]. Only the leader writes statuses and Events. Errors talking to the API server are logged and retried at the next
 //! change or version (the watcher backs off on its own); the policy in force stays.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -25,6 +27,8 @@ use stanch_api::Timestamp;
 use stanch_core::Config;
 use stanch_server::Controller;
 use stanch_server::clock::Clock;
+use stanch_server::history::Recorded;
+use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 use crate::crd::StanchPolicy;
@@ -51,6 +55,12 @@ pub struct Adapter {
     budget: WriteBudget,
     /// Status writes the budget put off, to be made at the next second.
     deferred: bool,
+    /// Decision Events allowed now.
+    event_budget: WriteBudget,
+    /// Decision Events dropped since the last said so.
+    events_dropped: u64,
+    /// Events made by this replica, to name each apart.
+    events_made: u64,
     /// New versions of the configuration file's policy (a reload), if any come.
     files: Option<tokio::sync::mpsc::Receiver<Config>>,
 }
@@ -60,13 +70,32 @@ pub struct Adapter {
 /// later, as it then is (only the latest status of each resource is ever written).
 pub const STATUS_WRITES_PER_SECOND: usize = 20;
 
+/// Decision Events a second at most; past it they are dropped (and counted in the
+/// log): the history has every decision, and an alert storm must not become an Event
+/// storm.
+pub const DECISION_EVENTS_PER_SECOND: usize = 10;
+
 /// A sliding window of the writes made in the last second.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct WriteBudget {
     recent: VecDeque<tokio::time::Instant>,
+    per_second: usize,
+}
+
+impl Default for WriteBudget {
+    fn default() -> Self {
+        WriteBudget::per_second(STATUS_WRITES_PER_SECOND)
+    }
 }
 
 impl WriteBudget {
+    fn per_second(per_second: usize) -> WriteBudget {
+        WriteBudget {
+            recent: VecDeque::new(),
+            per_second,
+        }
+    }
+
     /// Takes one write if the last second had fewer than the limit.
     fn take(&mut self, now: tokio::time::Instant) -> bool {
         while self
@@ -76,7 +105,7 @@ impl WriteBudget {
         {
             self.recent.pop_front();
         }
-        if self.recent.len() >= STATUS_WRITES_PER_SECOND {
+        if self.recent.len() >= self.per_second {
             return false;
         }
         self.recent.push_back(now);
@@ -103,6 +132,9 @@ impl Adapter {
             in_force: None,
             budget: WriteBudget::default(),
             deferred: false,
+            event_budget: WriteBudget::per_second(DECISION_EVENTS_PER_SECOND),
+            events_dropped: 0,
+            events_made: 0,
             files: None,
         }
     }
@@ -144,6 +176,8 @@ impl Adapter {
             .default_backoff()
             .boxed();
         let mut versions = controller.subscribe();
+        let mut decisions = controller.decisions();
+        let mut deciding = true;
         let mut files = self.files.take();
         let mut second = tokio::time::interval(Duration::from_secs(1));
         second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -163,6 +197,16 @@ impl Adapter {
                         self.apply(controller, &listed).await;
                         self.write_statuses(controller, &listed).await;
                     }
+                },
+                recorded = decisions.recv(), if deciding => match recorded {
+                    Ok(batch) => {
+                        let listed: Vec<Arc<StanchPolicy>> = store.state();
+                        self.tell(controller, &listed, &batch).await;
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        warn!(missed, "decision batches not made into Events (the history has them)");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => deciding = false,
                 },
                 Ok(()) = versions.changed() => {
                     let listed: Vec<Arc<StanchPolicy>> = store.state();
@@ -219,7 +263,50 @@ impl Adapter {
         self.outcomes = merged.outcomes;
     }
 
-    async fn event(&self, policy: &StanchPolicy, said: crate::events::Said) {
+    /// Tells of `batch`'s decisions as Events on their models' policies in force,
+    /// within the budget; on the leader only.
+    async fn tell(
+        &mut self,
+        controller: &Controller,
+        listed: &[Arc<StanchPolicy>],
+        batch: &Recorded,
+    ) {
+        if !controller.leadership().leads() {
+            return;
+        }
+        for decision in &batch.decisions {
+            let Some((model, said)) = crate::events::said(decision) else {
+                continue;
+            };
+            let in_force = listed.iter().find(|p| {
+                p.spec.model == model
+                    && matches!(
+                        self.outcomes.get(&format!(
+                            "{}/{}",
+                            p.namespace().unwrap_or_default(),
+                            p.name_any()
+                        )),
+                        Some(Outcome::InForce | Outcome::ReplacesFile)
+                    )
+            });
+            // A model of the file alone has no resource to tell it on.
+            let Some(policy) = in_force else { continue };
+            if !self.event_budget.take(tokio::time::Instant::now()) {
+                self.events_dropped += 1;
+                continue;
+            }
+            if self.events_dropped > 0 {
+                warn!(
+                    dropped = self.events_dropped,
+                    "decision Events dropped past {DECISION_EVENTS_PER_SECOND} a second (the history has them)"
+                );
+                self.events_dropped = 0;
+            }
+            self.event(policy, said).await;
+        }
+    }
+
+    async fn event(&mut self, policy: &StanchPolicy, said: crate::events::Said) {
         let namespace = policy.namespace().unwrap_or_default();
         let regarding = ObjectReference {
             api_version: Some("stanch.dev/v1alpha1".into()),
@@ -230,7 +317,14 @@ impl Adapter {
             resource_version: policy.resource_version(),
             ..ObjectReference::default()
         };
-        let event = crate::events::event(said, &regarding, &self.identity, self.clock.now());
+        self.events_made += 1;
+        let event = crate::events::event(
+            said,
+            &regarding,
+            &self.identity,
+            self.clock.now(),
+            self.events_made,
+        );
         let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         if let Err(e) = events.create(&PostParams::default(), &event).await {
             warn!(error = %e, "cannot record an Event");

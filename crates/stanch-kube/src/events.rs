@@ -90,12 +90,20 @@ pub fn refused(outcome: &Outcome) -> Option<Said> {
     })
 }
 
-/// `said` as an Event on `regarding`, from replica `instance`, at `now`. Its name is
-/// the object's and the time's, unique per replica and millisecond, as client-go's
-/// recorder names them.
-pub fn event(said: Said, regarding: &ObjectReference, instance: &str, now: Timestamp) -> Event {
+/// `said` as an Event on `regarding`, from replica `instance`, at `now`, the
+/// `serial`-th this replica made. Its name is the object's, the time's and the
+/// serial's, as client-go's recorder names them by the object and the nanosecond: two
+/// decisions of one commit share their millisecond, and an Event whose name exists is
+/// refused.
+pub fn event(
+    said: Said,
+    regarding: &ObjectReference,
+    instance: &str,
+    now: Timestamp,
+    serial: u64,
+) -> Event {
     let name = format!(
-        "{}.{:x}",
+        "{}.{:x}.{serial:x}",
         regarding.name.as_deref().unwrap_or("stanch"),
         now.as_millis()
     );
@@ -216,12 +224,8 @@ mod tests {
             ..ObjectReference::default()
         };
         let (_, s) = said(&transition(Rung::Normal, Rung::Failover)).unwrap();
-        let e = event(
-            s.clone(),
-            &regarding,
-            "stanch-0",
-            Timestamp::from_millis(1_764_460_800_123),
-        );
+        let at = Timestamp::from_millis(1_764_460_800_123);
+        let e = event(s.clone(), &regarding, "stanch-0", at, 1);
         assert_eq!(e.metadata.namespace.as_deref(), Some("monitoring"));
         assert_eq!(
             e.reporting_controller.as_deref(),
@@ -231,12 +235,22 @@ mod tests {
             e.regarding.as_ref().and_then(|r| r.uid.as_deref()),
             Some("u-1")
         );
+        // Two decisions of one commit share their millisecond: still two names.
+        let same_moment = event(s.clone(), &regarding, "stanch-0", at, 2);
+        assert_ne!(e.metadata.name, same_moment.metadata.name);
         let later = event(
             s,
             &regarding,
             "stanch-0",
             Timestamp::from_millis(1_764_460_800_124),
+            3,
         );
         assert_ne!(e.metadata.name, later.metadata.name);
+        let name = e.metadata.name.unwrap();
+        assert!(
+            name.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'),
+            "a DNS subdomain: {name}"
+        );
     }
 }

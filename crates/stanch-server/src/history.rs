@@ -8,19 +8,34 @@ use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use stanch_api::Timestamp;
 use stanch_api::status::HistoryEntry;
 use stanch_core::Decision;
+use tokio::sync::broadcast;
 
 /// How much of an existing file is read back at start.
 const TAIL_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Batches of decisions kept for subscribers that fall behind.
+const SUBSCRIBER_BACKLOG: usize = 1024;
+
+/// Decisions made durable at one moment, as subscribers get them.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// When they were made.
+    pub at: Timestamp,
+    /// The decisions, in order (lease renewals left out).
+    pub decisions: Vec<Decision>,
+}
 
 /// The audit history, shared by the engine task (writer) and the API (readers).
 #[derive(Debug)]
 pub struct History {
     inner: Mutex<Inner>,
+    /// Every batch recorded, for adapters that tell of decisions elsewhere (Events).
+    recorded: broadcast::Sender<Arc<Recorded>>,
 }
 
 #[derive(Debug)]
@@ -76,7 +91,15 @@ impl History {
                 next_seq: 1,
                 file,
             }),
+            recorded: broadcast::channel(SUBSCRIBER_BACKLOG).0,
         }
+    }
+
+    /// Every batch of decisions recorded from now on. One that falls more than 1,024
+    /// batches behind misses the oldest (and is told how many): the history keeps
+    /// them all.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Recorded>> {
+        self.recorded.subscribe()
     }
 
     /// Records decisions made at `at`. Lease renewals are left out: they are routine.
@@ -88,6 +111,7 @@ impl History {
     ) -> std::io::Result<()> {
         let mut inner = self.inner.lock().expect("history lock");
         let mut lines = Vec::new();
+        let mut told = Vec::new();
         for d in decisions {
             if matches!(
                 d,
@@ -97,6 +121,9 @@ impl History {
                 }
             ) {
                 continue;
+            }
+            if self.recorded.receiver_count() > 0 {
+                told.push(d.clone());
             }
             let entry = HistoryEntry {
                 seq: inner.next_seq,
@@ -116,6 +143,13 @@ impl History {
                 inner.ring.pop_front();
             }
             inner.ring.push_back(entry);
+        }
+        if !told.is_empty() {
+            // None listening is not an error.
+            let _ = self.recorded.send(Arc::new(Recorded {
+                at,
+                decisions: told,
+            }));
         }
         match &mut inner.file {
             Some(f) if !lines.is_empty() => f.append(&lines),

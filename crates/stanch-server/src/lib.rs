@@ -292,6 +292,11 @@ impl Controller {
         self.shared.publisher.load()
     }
 
+    /// Every batch of decisions made durable from now on, as the history records it.
+    pub fn decisions(&self) -> tokio::sync::broadcast::Receiver<Arc<history::Recorded>> {
+        self.shared.history.subscribe()
+    }
+
     /// Wakes on every new published version.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.shared.publisher.subscribe()

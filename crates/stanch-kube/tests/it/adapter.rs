@@ -1,5 +1,6 @@
 //! The adapter against the fake API server and a real controller: policies are put in
-//! force live, each gets its status, and a refused one an Event.
+//! force live, each gets its status, decisions about their models and refusals are
+//! Events on them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +99,55 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
     })
     .await;
 
+    // An operator's force on its model is an Event on it, and so is the move it makes.
+    let forced = http
+        .post(format!("http://{}/v1/admin/force", controller.addr()))
+        .json(&json!({"model": "qwen-7b", "rung": "static", "ttl": "1h", "reason": "drill 集群"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forced.status(), 200);
+    let events: Api<Event> = Api::namespaced(client(&api), "monitoring");
+    let on_small = || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("small"))
+            .collect::<Vec<Event>>()
+    };
+    eventually(
+        "the override and its move are Events on the policy",
+        || async {
+            let reasons: Vec<String> = on_small()
+                .await
+                .into_iter()
+                .filter_map(|e| e.reason)
+                .collect();
+            reasons.iter().any(|r| r == "Override") && reasons.iter().any(|r| r == "Escalated")
+        },
+    )
+    .await;
+    let override_event = on_small()
+        .await
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("Override"))
+        .unwrap();
+    assert_eq!(
+        override_event.reporting_controller.as_deref(),
+        Some("stanch.dev/controller")
+    );
+    assert!(
+        override_event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("drill 集群")),
+        "the decision's account: {:?}",
+        override_event.note
+    );
+
     policies
         .create(
             &PostParams::default(),
@@ -120,7 +170,6 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
         })
     })
     .await;
-    let events: Api<Event> = Api::namespaced(client(&api), "monitoring");
     eventually("and in an Event on it", || async {
         events
             .list(&Default::default())

@@ -7,6 +7,16 @@
 //! expiry, which the gateway checks per request against its own clock.
 //!
 //! A gateway never waits on this client: [`Routes::current`] is a lock-free load.
+//!
+//! With feature `kubernetes`, [`start_from_resource`] follows the route-table resource
+//! through the Kubernetes API instead, by the same rules; without it, nothing of kube
+//! is linked.
+
+#[cfg(feature = "kubernetes")]
+mod resource;
+
+#[cfg(feature = "kubernetes")]
+pub use resource::{ResourceConfig, start_from_resource};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -147,9 +157,17 @@ enum WatchError {
 struct Watcher {
     config: WatchConfig,
     http: reqwest::Client,
+    applier: Applier,
+}
+
+/// What every source of tables shares: the rules a table is applied by (newer than
+/// the one applied, accepted by the validator), the refusal to report, and the
+/// last-known-good copy on disk.
+struct Applier {
     current: Arc<ArcSwapOption<RouteTable>>,
     notify: watch::Sender<u64>,
     validator: Option<Validator>,
+    state_file: Option<PathBuf>,
     /// A table the gateway refused, to report on every request until one applies.
     rejected: Option<Rejected>,
 }
@@ -177,20 +195,7 @@ pub fn start(
     config: WatchConfig,
     validator: Option<Validator>,
 ) -> (Routes, tokio::task::JoinHandle<()>) {
-    let current = Arc::new(ArcSwapOption::empty());
-    if let Some(path) = &config.state_file {
-        match load(path) {
-            Ok(Some(table)) => {
-                info!(version = table.version, epoch = %table.epoch, path = %path.display(), "serving the last-known-good route table until the controller answers");
-                current.store(Some(Arc::new(table)));
-            }
-            Ok(None) => {}
-            Err(e) => {
-                warn!(path = %path.display(), error = %e, "last-known-good route table unreadable; ignoring it")
-            }
-        }
-    }
-    let (notify, changed) = watch::channel(current.load().as_ref().map_or(0, |t| t.version));
+    let (routes, applier) = Applier::restore(config.state_file.clone(), validator);
     let mut http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true);
@@ -210,14 +215,97 @@ pub fn start(
     let watcher = Watcher {
         config,
         http,
-        current: current.clone(),
-        notify,
-        validator,
-        rejected: None,
+        applier,
     };
     let span = info_span!("route_watch", controller = %watcher.config.url);
     let task = tokio::spawn(watcher.run().instrument(span));
-    (Routes { current, changed }, task)
+    (routes, task)
+}
+
+impl Applier {
+    /// An applier holding the last-known-good table from `state_file`, if there is a
+    /// readable one, so that the gateway has routes before any source answers; and the
+    /// routes it applies to.
+    fn restore(state_file: Option<PathBuf>, validator: Option<Validator>) -> (Routes, Applier) {
+        let current = Arc::new(ArcSwapOption::empty());
+        if let Some(path) = &state_file {
+            match load(path) {
+                Ok(Some(table)) => {
+                    info!(version = table.version, epoch = %table.epoch, path = %path.display(), "serving the last-known-good route table until the controller answers");
+                    current.store(Some(Arc::new(table)));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "last-known-good route table unreadable; ignoring it")
+                }
+            }
+        }
+        let (notify, changed) = watch::channel(current.load().as_ref().map_or(0, |t| t.version));
+        let routes = Routes {
+            current: current.clone(),
+            changed,
+        };
+        let applier = Applier {
+            current,
+            notify,
+            validator,
+            state_file,
+            rejected: None,
+        };
+        (routes, applier)
+    }
+
+    /// Applies a table unless it is not newer than the one applied (same epoch) or the
+    /// validator refuses it; returns whether it applied.
+    fn apply(&mut self, table: RouteTable) -> bool {
+        let have = self.current.load();
+        if let Some(h) = have.as_ref()
+            && h.epoch == table.epoch
+            && h.version >= table.version
+        {
+            return false;
+        }
+        if let Some(validate) = &self.validator
+            && let Err(why) = validate(&table)
+        {
+            warn!(version = table.version, reason = %why, "route table refused");
+            self.rejected = Some(Rejected {
+                version: table.version,
+                epoch: table.epoch,
+                reason: why,
+            });
+            return false;
+        }
+        self.rejected = None;
+        if let Some(path) = &self.state_file
+            && let Err(e) = save(path, &table)
+        {
+            warn!(path = %path.display(), error = %e, "cannot save the last-known-good route table");
+        }
+        debug!(version = table.version, "route table applied");
+        let version = table.version;
+        self.current.store(Some(Arc::new(table)));
+        self.notify.send_replace(version);
+        true
+    }
+
+    /// Applies a table as JSON, or records why it cannot be read. `Err` only when not
+    /// even its version can be read.
+    fn receive(&mut self, bytes: &[u8]) -> Result<bool, String> {
+        match serde_json::from_slice::<RouteTable>(bytes) {
+            Ok(table) => Ok(self.apply(table)),
+            Err(e) => {
+                let id: TableId = serde_json::from_slice(bytes).map_err(|_| e.to_string())?;
+                warn!(version = id.version, epoch = %id.epoch, error = %e, "route table unreadable; refused, the gateway keeps its current table");
+                self.rejected = Some(Rejected {
+                    version: id.version,
+                    epoch: id.epoch,
+                    reason: format!("unreadable: {e}"),
+                });
+                Ok(false)
+            }
+        }
+    }
 }
 
 fn load(path: &Path) -> Result<Option<RouteTable>, String> {
@@ -274,10 +362,10 @@ impl Watcher {
             .http
             .get(url)
             .header(GATEWAY_ID, &self.config.gateway_id);
-        if let Some(t) = self.current.load().as_ref() {
+        if let Some(t) = self.applier.current.load().as_ref() {
             req = req.header(APPLIED_VERSION, t.version);
         }
-        if let Some(r) = &self.rejected {
+        if let Some(r) = &self.applier.rejected {
             let reason: String = r
                 .reason
                 .chars()
@@ -295,63 +383,16 @@ impl Watcher {
         req
     }
 
-    /// Applies a table unless the validator refuses it; returns whether it applied.
-    fn apply(&mut self, table: RouteTable) -> bool {
-        let have = self.current.load();
-        if let Some(h) = have.as_ref()
-            && h.epoch == table.epoch
-            && h.version >= table.version
-        {
-            return false;
-        }
-        if let Some(validate) = &self.validator
-            && let Err(why) = validate(&table)
-        {
-            warn!(version = table.version, reason = %why, "route table refused");
-            self.rejected = Some(Rejected {
-                version: table.version,
-                epoch: table.epoch,
-                reason: why,
-            });
-            return false;
-        }
-        self.rejected = None;
-        if let Some(path) = &self.config.state_file
-            && let Err(e) = save(path, &table)
-        {
-            warn!(path = %path.display(), error = %e, "cannot save the last-known-good route table");
-        }
-        debug!(version = table.version, "route table applied");
-        let version = table.version;
-        self.current.store(Some(Arc::new(table)));
-        self.notify.send_replace(version);
-        true
-    }
-
-    /// Applies a table from the wire, or records why it cannot be read. `Err` only
-    /// when not even its version can be read.
+    /// Applies a table from the wire; `Err` when not even its version can be read.
     fn receive(&mut self, bytes: &[u8]) -> Result<bool, WatchError> {
-        match serde_json::from_slice::<RouteTable>(bytes) {
-            Ok(table) => Ok(self.apply(table)),
-            Err(e) => {
-                let id: TableId =
-                    serde_json::from_slice(bytes).map_err(|_| WatchError::Table(e.to_string()))?;
-                warn!(version = id.version, epoch = %id.epoch, error = %e, "route table unreadable; refused, the gateway keeps its current table");
-                self.rejected = Some(Rejected {
-                    version: id.version,
-                    epoch: id.epoch,
-                    reason: format!("unreadable: {e}"),
-                });
-                Ok(false)
-            }
-        }
+        self.applier.receive(bytes).map_err(WatchError::Table)
     }
 
     /// The long-poll URL: wait for a version after the one applied, or after the one
     /// refused if that is newer, so a refused table is not fetched again at once.
     fn poll_url(&self, wait: Duration) -> String {
-        let have = self.current.load();
-        let after = match (have.as_ref(), &self.rejected) {
+        let have = self.applier.current.load();
+        let after = match (have.as_ref(), &self.applier.rejected) {
             (Some(t), Some(r)) if r.epoch != t.epoch || r.version > t.version => {
                 Some((r.version, r.epoch.as_str()))
             }
@@ -379,7 +420,7 @@ impl Watcher {
         match response.status() {
             reqwest::StatusCode::OK => {
                 let bytes = response.bytes().await?;
-                if !self.receive(&bytes)? && self.rejected.is_some() {
+                if !self.receive(&bytes)? && self.applier.rejected.is_some() {
                     self.acknowledge().await;
                 }
                 Ok(())
@@ -400,7 +441,7 @@ impl Watcher {
 
     async fn follow_sse(&mut self) -> Result<(), WatchError> {
         let mut req = self.request(format!("{}/v1/routes/stream", self.config.url));
-        if let Some(t) = self.current.load().as_ref() {
+        if let Some(t) = self.applier.current.load().as_ref() {
             req = req.header("last-event-id", t.version);
         }
         let response = req.send().await?;

@@ -352,8 +352,14 @@ impl Default for BlockingPolicy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerConfig {
-    /// Its base URL.
-    pub url: String,
+    /// Its base URL: the watch API, and where reports go. May be left out when the
+    /// table comes from the route-table resource; reports are then not sent.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Follow the route-table resource through the Kubernetes API instead of the
+    /// watch API (a gateway built with feature `kubernetes`).
+    #[serde(default)]
+    pub route_table: Option<RouteTableRef>,
     /// Environment variable holding a read token.
     #[serde(default)]
     pub token_env: Option<String>,
@@ -375,6 +381,21 @@ pub struct ControllerConfig {
     /// File holding the ingest token for reports.
     #[serde(default)]
     pub ingest_token_file: Option<String>,
+}
+
+/// The route-table resource a gateway follows.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTableRef {
+    /// The controller's namespace.
+    pub namespace: String,
+    /// The resource's name: the controller's Lease name.
+    #[serde(default = "default_route_table_name")]
+    pub name: String,
+}
+
+fn default_route_table_name() -> String {
+    "stanch".to_owned()
 }
 
 fn default_report_interval() -> HumanDuration {
@@ -577,13 +598,36 @@ impl GatewayConfig {
                 problem(path.into(), "must be longer than 0s".into());
             }
         }
-        if let Some(c) = &self.controller
-            && !(c.url.starts_with("http://") || c.url.starts_with("https://"))
-        {
-            problem(
-                "controller.url".into(),
-                format!("{:?} is not an http(s) URL", c.url),
-            );
+        if let Some(c) = &self.controller {
+            match &c.url {
+                Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                    problem(
+                        "controller.url".into(),
+                        format!("{url:?} is not an http(s) URL"),
+                    );
+                }
+                None if c.route_table.is_none() => problem(
+                    "controller".into(),
+                    "give url (the watch API), route_table (the resource), or both".into(),
+                ),
+                _ => {}
+            }
+            if let Some(r) = &c.route_table {
+                if !cfg!(feature = "kubernetes") {
+                    problem(
+                        "controller.route_table".into(),
+                        "this gateway was built without feature `kubernetes`".into(),
+                    );
+                }
+                for (path, value) in [("namespace", &r.namespace), ("name", &r.name)] {
+                    if value.is_empty() || value.len() > 253 {
+                        problem(
+                            format!("controller.route_table.{path}"),
+                            "must be 1 to 253 characters".into(),
+                        );
+                    }
+                }
+            }
         }
     }
 }
@@ -698,6 +742,35 @@ max_response_bytes: 0
         assert!(
             found.iter().any(|f| f.starts_with("models.m.fallbacks")),
             "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn a_controller_needs_a_url_or_the_route_table_resource() {
+        let models =
+            "models:\n  m:\n    pools: [{name: a, endpoints: [{url: 'http://10.0.0.1'}]}]\n";
+        let neither = problems(&format!(
+            "{models}controller: {{state_file: /tmp/r.json}}\n"
+        ));
+        assert_eq!(
+            neither,
+            ["controller: give url (the watch API), route_table (the resource), or both"]
+        );
+        let resource = format!("{models}controller: {{route_table: {{namespace: monitoring}}}}\n");
+        // The tests build the gateway with feature `kubernetes`.
+        assert_eq!(problems(&resource), Vec::<String>::new());
+        let config = GatewayConfig::from_yaml(&resource).unwrap();
+        let route_table = config.controller.unwrap().route_table.unwrap();
+        assert_eq!(
+            (route_table.namespace.as_str(), route_table.name.as_str()),
+            ("monitoring", "stanch")
+        );
+        let empty = problems(&format!(
+            "{models}controller: {{route_table: {{namespace: ''}}}}\n"
+        ));
+        assert_eq!(
+            empty,
+            ["controller.route_table.namespace: must be 1 to 253 characters"]
         );
     }
 

@@ -95,16 +95,27 @@ async fn run(
                 .clone()
                 .or_else(|| std::env::var("HOSTNAME").ok())
                 .unwrap_or_else(|| listen.to_string());
-            let mut watch = stanch_client::WatchConfig::new(&c.url, &id);
-            watch.token = secret(c.token_env.as_ref(), c.token_file.as_ref(), None)
-                .map_err(anyhow::Error::msg)?;
-            watch.state_file = c.state_file.as_ref().map(PathBuf::from);
-            if let Some(path) = &config.tls.ca_file {
-                let pem = std::fs::read(path).with_context(|| format!("tls.ca_file: {path}"))?;
-                watch.ca_pem = Some(pem);
+            let validator = Some(Gateway::validator(&config));
+            let state_file = c.state_file.as_ref().map(PathBuf::from);
+            match (&c.route_table, &c.url) {
+                (Some(resource), _) => {
+                    Some(follow_resource(resource, state_file, validator).await?)
+                }
+                (None, Some(url)) => {
+                    let mut watch = stanch_client::WatchConfig::new(url, &id);
+                    watch.token = secret(c.token_env.as_ref(), c.token_file.as_ref(), None)
+                        .map_err(anyhow::Error::msg)?;
+                    watch.state_file = state_file;
+                    if let Some(path) = &config.tls.ca_file {
+                        let pem =
+                            std::fs::read(path).with_context(|| format!("tls.ca_file: {path}"))?;
+                        watch.ca_pem = Some(pem);
+                    }
+                    let (routes, _task) = stanch_client::start(watch, validator);
+                    Some(routes)
+                }
+                (None, None) => None, // Refused by validation.
             }
-            let (routes, _task) = stanch_client::start(watch, Some(Gateway::validator(&config)));
-            Some(routes)
         }
         None => None,
     };
@@ -124,7 +135,8 @@ async fn run(
                 None,
             );
             (c.url.clone(), token, id, c.report_interval.0)
-        });
+        })
+        .and_then(|(url, token, id, interval)| Some((url?, token, id, interval)));
     let gateway = Arc::new(Gateway::new(config, routes, Arc::new(SystemClock))?);
     gateway.count_log_drops(log_drops);
     if gateway.config_probing() {
@@ -145,4 +157,33 @@ async fn run(
     let shutdown = stanch_net::shutdown_signal();
     stanch_gateway::serve_on(workers, listener, gateway, shutdown).await?;
     Ok(())
+}
+
+/// Follows the route-table resource (in-cluster configuration, or KUBECONFIG).
+#[cfg(feature = "kubernetes")]
+async fn follow_resource(
+    resource: &stanch_gateway::config::RouteTableRef,
+    state_file: Option<PathBuf>,
+    validator: Option<stanch_client::Validator>,
+) -> anyhow::Result<stanch_client::Routes> {
+    let client = kube::Client::try_default()
+        .await
+        .context("controller.route_table: cannot find the Kubernetes API (in-cluster configuration or KUBECONFIG)")?;
+    let config = stanch_client::ResourceConfig {
+        client,
+        namespace: resource.namespace.clone(),
+        name: resource.name.clone(),
+        state_file,
+    };
+    let (routes, _task) = stanch_client::start_from_resource(config, validator);
+    Ok(routes)
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn follow_resource(
+    _: &stanch_gateway::config::RouteTableRef,
+    _: Option<PathBuf>,
+    _: Option<stanch_client::Validator>,
+) -> anyhow::Result<stanch_client::Routes> {
+    anyhow::bail!("controller.route_table: this gateway was built without feature `kubernetes`")
 }

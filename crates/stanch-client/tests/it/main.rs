@@ -293,3 +293,75 @@ async fn an_unreadable_table_is_reported_over_long_poll() {
 async fn an_unreadable_table_is_reported_over_sse() {
     reports_an_unreadable_table(Transport::Sse).await;
 }
+
+/// Following the route-table resource through the fake API server: the table the
+/// controller publishes (written to the resource as the leader writes it) is applied by
+/// the same rules as from the watch, and kept as last-known-good.
+#[tokio::test]
+async fn a_gateway_follows_the_route_table_resource_by_the_watchs_rules() {
+    use stanch_kube::fake::FakeApiServer;
+    use stanch_kube::publish::RouteTableWriter;
+
+    let api = FakeApiServer::start().await;
+    let client = || kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let (controller, url) = controller().await;
+    let mut writer = RouteTableWriter::new(kube::Api::namespaced(client(), "monitoring"), "stanch");
+    writer.write(&controller.published().table).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let state_file = dir.path().join("routes.json");
+    let config = stanch_client::ResourceConfig {
+        client: client(),
+        namespace: "monitoring".into(),
+        name: "stanch".into(),
+        state_file: Some(state_file.clone()),
+    };
+    // The gateway refuses any table past version 100 (as it would one naming a pool
+    // it does not know).
+    let validator: stanch_client::Validator = Arc::new(|t: &stanch_api::RouteTable| {
+        if t.version > 100 {
+            Err("too new for this gateway".into())
+        } else {
+            Ok(())
+        }
+    });
+    let (mut routes, task) =
+        stanch_client::start_from_resource(config.clone(), Some(validator.clone()));
+    let first = controller.published().table.clone();
+    let applied = tokio::time::timeout(Duration::from_secs(10), routes.changed_from(0))
+        .await
+        .expect("the first table")
+        .unwrap();
+    assert_eq!(*applied, first);
+
+    // A failover published by the controller reaches the gateway through the resource.
+    let version = fail_dc_a(&url).await;
+    writer.write(&controller.published().table).await.unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(10), routes.changed_from(first.version))
+        .await
+        .expect("the failover")
+        .unwrap();
+    assert_eq!(applied.version, version);
+    assert_eq!(*applied, controller.published().table);
+
+    // An older version of the same epoch is not applied; one the validator refuses is not.
+    let mut older = first.clone();
+    older.epoch.clone_from(&applied.epoch);
+    writer.write(&older).await.unwrap();
+    let mut refused = (*applied).clone();
+    refused.version = 101;
+    writer.write(&refused).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        routes.current().unwrap().version,
+        version,
+        "neither applied"
+    );
+
+    // Restarted with the API server down, it serves its last-known-good table.
+    task.abort();
+    api.set_down(true);
+    let (routes, _task) = stanch_client::start_from_resource(config, Some(validator));
+    assert_eq!(routes.current().unwrap().version, version);
+    assert!(state_file.exists());
+}

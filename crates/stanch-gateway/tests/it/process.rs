@@ -273,3 +273,116 @@ async fn every_access_line_is_written_whole_and_none_lost_at_a_stop() {
         }
     }
 }
+
+/// Built with feature `kubernetes`, the binary follows the route-table resource
+/// through the API server (the fake one here) and never reaches the controller: a
+/// failover the controller published is applied and routes the request.
+#[tokio::test]
+async fn the_binary_follows_the_route_table_resource_without_reaching_the_controller() {
+    use std::sync::Arc;
+
+    use stanch_kube::fake::FakeApiServer;
+    use stanch_kube::publish::RouteTableWriter;
+
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+    // The controller, and the leader's writing of its table to the resource.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let controller = stanch_server::Controller::start(
+        stanch_server::Settings::in_memory(stanch_core::Config::default_config()),
+        listener,
+        Arc::new(stanch_server::clock::SystemClock),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let mut writer = RouteTableWriter::new(kube::Api::namespaced(client, "monitoring"), "stanch");
+    let alert = serde_json::json!({"version": "4", "status": "firing", "alerts": [{"status": "firing",
+        "labels": {"alertname": "F", "action": "trigger-failover", "target_model": "qwen-72b", "pool": "dc-a"},
+        "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z"}]});
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v1/alerts/alertmanager",
+            controller.addr()
+        ))
+        .json(&alert)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let table = controller.published().table.clone();
+    assert_eq!(table.models["qwen-72b"].pool, "dc-b");
+    writer.write(&table).await.unwrap();
+
+    let dc_a = Upstream::start("qwen-72b", "a").await;
+    let dc_b = Upstream::start("qwen-72b", "b").await;
+    let config = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "models:\n  qwen-72b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      \
+             - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n\
+             controller:\n  route_table: {{namespace: monitoring}}\n  state_file: '{}'\n",
+            dc_a.base,
+            dc_b.base,
+            dir.path().join("routes.json").display()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let _gateway = Killed(
+        Command::new(env!("CARGO_BIN_EXE_stanch-gateway"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut applied = None;
+    for _ in 0..200 {
+        if let Ok(r) = http.get(format!("{base}/v1/status")).send().await
+            && let Ok(status) = r.json::<serde_json::Value>().await
+            && status["route_version"].as_u64() == Some(table.version)
+        {
+            applied = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(applied.is_some(), "the table in the resource was applied");
+    let body = serde_json::json!({"model": "qwen-72b", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let r = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-stanch-route-version"],
+        table.version.to_string().as_str()
+    );
+    assert_eq!(
+        (dc_a.requests(), dc_b.requests()),
+        (0, 1),
+        "failed over to dc-b"
+    );
+}

@@ -34,6 +34,9 @@ enum Bench {
     /// The gateway: direct vs stanch-gateway vs a bare hyper proxy vs nginx, then an
     /// upstream failing mid-run.
     Gateway(gateway::GatewayArgs),
+    /// The controller with its state in the cluster (a fake API server): webhook
+    /// latency, and an alert storm's API writes and latency, beside the file store.
+    Cluster(cluster::ClusterArgs),
     /// The bare hyper proxy the gateway benchmark measures as a floor (run by it).
     #[command(hide = true)]
     BareProxy {
@@ -50,6 +53,7 @@ enum Bench {
 }
 
 mod bare;
+mod cluster;
 mod gateway;
 
 #[derive(Debug, clap::Args)]
@@ -92,6 +96,7 @@ fn main() -> anyhow::Result<()> {
         match command {
             Bench::Controller(args) => controller(args).await,
             Bench::Gateway(args) => gateway::run(args).await,
+            Bench::Cluster(args) => cluster::run(args).await,
             Bench::BareProxy { .. } => unreachable!("served above"),
         }
     })

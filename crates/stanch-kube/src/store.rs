@@ -8,6 +8,11 @@
 //!   each. Every write of it replaces it whole with the `resourceVersion` it was last
 //!   seen at: a write is atomic (it lands whole or not at all, so no torn record
 //!   exists), and of two writers, the second fails with `409 Conflict`.
+//! - **Journal segments** (`{name}-journal-{seq}-{hash}`): when the journal in the state
+//!   object would pass [`JOURNAL_MAX_BYTES`], what it holds moves to a segment of its
+//!   own (written first, then named by the state object in the write that appends),
+//!   so that a storm costs a small write per commit, not a snapshot of the whole
+//!   state; at most [`MAX_SEGMENTS`], then a snapshot is written instead.
 //! - **Snapshot shards** (`{name}-{hash}-{seq}-{i}`, labelled `stanch.dev/state`) hold
 //!   the snapshot cut into pieces under an object's size limit ([`crate::shards`]).
 //!   They are written first; switching the manifest in the state object is the one
@@ -22,8 +27,9 @@
 //! are not written twice. Besides, nothing is sent unless the guard given at
 //! [`KubeStore::new`] says the replica still leads (the Lease, [`crate::lease`]).
 //!
-//! **Bounds.** The journal is kept under [`JOURNAL_MAX_BYTES`]: a batch that would take
-//! it past is written as a snapshot instead ([`StateStore::prefers_snapshot`]). Every
+//! **Bounds.** The journal in the state object is kept under [`JOURNAL_MAX_BYTES`], in at
+//! most [`MAX_SEGMENTS`] segments besides; a batch too large for that is written as a
+//! snapshot instead ([`StateStore::prefers_snapshot`]). Every
 //! call to the API server is bounded by the timeout given; a timeout or a lost answer
 //! leaves the outcome unknown, so the next write reads the object first.
 //!
@@ -48,9 +54,14 @@ use tracing::{info, warn};
 
 use crate::shards::{self, MAX_SHARD_BYTES, Manifest};
 
-/// The most bytes of journal the state object holds; past it, a snapshot is written.
-/// With the manifest, the object stays well under a ConfigMap's 1 MiB.
-pub const JOURNAL_MAX_BYTES: usize = 512 * 1024;
+/// The most bytes of journal the state object holds; past it, the journal so far is
+/// moved to a segment of its own. With the manifest, the object stays well under a
+/// ConfigMap's 1 MiB.
+pub const JOURNAL_MAX_BYTES: usize = 64 * 1024;
+
+/// The most journal segments kept before a snapshot is written instead (8 MiB of
+/// journal): a long storm is compacted, a short one costs no snapshot.
+pub const MAX_SEGMENTS: usize = 128;
 
 /// The label on every object of a store, its value the state object's name.
 pub const LABEL: &str = "stanch.dev/state";
@@ -69,6 +80,21 @@ struct SnapshotDoc {
     state: EngineState,
 }
 
+/// A full part of the journal, moved out of the state object into one of its own;
+/// never changed after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Segment {
+    /// The object holding it.
+    name: String,
+    /// The last record's `seq`.
+    last_seq: u64,
+    /// Its length in bytes.
+    bytes: usize,
+    /// FNV-1a of its bytes, as 16 hex digits.
+    hash: String,
+}
+
 /// The state object as this replica last saw it.
 #[derive(Debug, Clone, Default)]
 struct Seen {
@@ -76,7 +102,9 @@ struct Seen {
     version: Option<String>,
     holder: String,
     manifest: Option<Manifest>,
-    /// The journal, one JSON record a line, each ending in `\n`.
+    /// The journal's full parts, oldest first.
+    segments: Vec<Segment>,
+    /// The journal after them, one JSON record a line, each ending in `\n`.
     journal: String,
     /// The highest `seq` in the journal (or the manifest's when it is empty).
     last_seq: u64,
@@ -101,6 +129,10 @@ pub struct KubeStore {
     /// The snapshot last read and the manifest naming it: a follower looking again
     /// reads only the journal while the snapshot stays.
     cached: Option<(Manifest, EngineState)>,
+    /// Journal segments read, by name.
+    segment_cache: BTreeMap<String, String>,
+    /// The most bytes of journal the state object holds ([`JOURNAL_MAX_BYTES`]).
+    journal_cap: usize,
 }
 
 impl fmt::Debug for KubeStore {
@@ -158,7 +190,16 @@ impl KubeStore {
             fenced: Arc::new(AtomicBool::new(false)),
             looked: None,
             cached: None,
+            segment_cache: BTreeMap::new(),
+            journal_cap: JOURNAL_MAX_BYTES,
         }
+    }
+
+    /// Holds at most `bytes` of journal in the state object (instead of
+    /// [`JOURNAL_MAX_BYTES`]): tests use it to make segments of a few records.
+    pub fn with_journal_cap(mut self, bytes: usize) -> KubeStore {
+        self.journal_cap = bytes.clamp(1, JOURNAL_MAX_BYTES);
+        self
     }
 
     /// Set once another replica has taken the store over: this one must stop deciding.
@@ -207,14 +248,21 @@ impl KubeStore {
                     .map_err(|e| Failure::Content(format!("its manifest: {e}")))?,
             ),
         };
+        let segments: Vec<Segment> = match data.get("segments").filter(|m| !m.is_empty()) {
+            None => Vec::new(),
+            Some(list) => serde_json::from_str(list)
+                .map_err(|e| Failure::Content(format!("its journal segments: {e}")))?,
+        };
         let journal = text("journal");
         let last_seq = last_seq(&journal)
             .map_err(Failure::Content)?
+            .or_else(|| segments.last().map(|s| s.last_seq))
             .unwrap_or_else(|| manifest.as_ref().map_or(0, |m| m.seq));
         let seen = Seen {
             version: object.metadata.resource_version.clone(),
             holder: text("holder"),
             manifest,
+            segments,
             journal,
             last_seq,
         };
@@ -229,6 +277,12 @@ impl KubeStore {
             data.insert(
                 "manifest".to_owned(),
                 serde_json::to_string(m).expect("a manifest serializes"),
+            );
+        }
+        if !seen.segments.is_empty() {
+            data.insert(
+                "segments".to_owned(),
+                serde_json::to_string(&seen.segments).expect("segments serialize"),
             );
         }
         data.insert("journal".to_owned(), seen.journal.clone());
@@ -366,6 +420,30 @@ impl KubeStore {
         Ok((doc.state, doc.seq))
     }
 
+    /// A journal segment's text, checked against its entry; segments never change, so
+    /// each is read once.
+    fn read_segment(&mut self, segment: &Segment) -> Result<String, Failure> {
+        if let Some(text) = self.segment_cache.get(&segment.name) {
+            return Ok(text.clone());
+        }
+        let text = self
+            .call(self.api.get_opt(&segment.name))?
+            .and_then(|o| o.data)
+            .and_then(|mut d| d.remove("journal"))
+            .ok_or_else(|| {
+                Failure::Content(format!("journal segment {} is missing", segment.name))
+            })?;
+        if text.len() != segment.bytes || hash_of(&text) != segment.hash {
+            return Err(Failure::Content(format!(
+                "journal segment {} does not match its entry",
+                segment.name
+            )));
+        }
+        self.segment_cache
+            .insert(segment.name.clone(), text.clone());
+        Ok(text)
+    }
+
     /// What `seen` holds: its snapshot and the journal records after it.
     fn loaded(&mut self, seen: &Seen) -> Result<Loaded, Failure> {
         let snapshot = match &seen.manifest {
@@ -373,11 +451,15 @@ impl KubeStore {
             None => None,
         };
         let after = snapshot.as_ref().map_or(0, |(_, seq)| *seq);
-        let journal = records(&seen.journal)
-            .map_err(Failure::Content)?
-            .into_iter()
-            .filter(|r| r.seq > after)
-            .collect();
+        let mut journal = Vec::new();
+        for segment in seen.segments.iter().filter(|g| g.last_seq > after) {
+            let text = self.read_segment(segment)?;
+            journal.extend(
+                records(&text).map_err(|e| Failure::Content(format!("{}: {e}", segment.name)))?,
+            );
+        }
+        journal.extend(records(&seen.journal).map_err(Failure::Content)?);
+        journal.retain(|r| r.seq > after);
         Ok(Loaded {
             snapshot,
             journal,
@@ -406,6 +488,33 @@ impl KubeStore {
         }
     }
 
+    /// Writes `journal` (whose last record is `last_seq`) as a segment of its own:
+    /// named by its content, so writing it again is harmless.
+    fn write_segment(&self, journal: &str, last_seq: u64) -> Result<Segment, StoreError> {
+        let hash = hash_of(journal);
+        let name = format!("{}-journal-{last_seq}-{hash}", self.name);
+        let object = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([(LABEL.to_owned(), self.name.clone())])),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([("journal".to_owned(), journal.to_owned())])),
+            ..ConfigMap::default()
+        };
+        match self.call(self.api.create(&PostParams::default(), &object)) {
+            Ok(_) => {}
+            Err(Failure::Api(kube::Error::Api(s))) if s.is_already_exists() => {}
+            Err(e) => return Err(self.remote("append", &name, e)),
+        }
+        Ok(Segment {
+            name,
+            last_seq,
+            bytes: journal.len(),
+            hash,
+        })
+    }
+
     /// The state object is unreadable: copied aside, and replaced by an empty one
     /// (a new epoch) at the version read.
     fn start_over(&self, object: &ConfigMap, why: &str) -> Result<(Seen, Loaded), StoreError> {
@@ -423,9 +532,10 @@ impl KubeStore {
         Ok((fresh, loaded))
     }
 
-    /// Deletes the shards of this store that `manifest` does not name: best effort,
-    /// since an orphan costs only space and the next load tries again.
-    fn delete_orphans(&self, manifest: Option<&Manifest>) {
+    /// Deletes the shards and journal segments of this store that `seen` does not name:
+    /// left by a write that failed after them. Best effort, since an orphan costs only
+    /// space and the next load tries again.
+    fn delete_orphans(&self, seen: &Seen) {
         let params = ListParams::default().labels(&format!("{LABEL}={}", self.name));
         let listed = match self.call(self.api.list(&params)) {
             Ok(list) => list,
@@ -439,18 +549,36 @@ impl KubeStore {
             .items
             .into_iter()
             .filter_map(|o| o.metadata.name)
-            .filter(|n| is_shard_name(n, &prefix))
+            .filter(|n| is_shard_name(n, &prefix) || is_segment_name(n, &prefix))
             .collect();
-        let empty = Manifest {
-            seq: 0,
-            shards: Vec::new(),
-        };
-        for orphan in shards::orphans(manifest.unwrap_or(&empty), &names) {
+        let mut named: Vec<&str> = seen
+            .manifest
+            .iter()
+            .flat_map(|m| m.shards.iter().map(|s| s.name.as_str()))
+            .collect();
+        named.extend(seen.segments.iter().map(|g| g.name.as_str()));
+        for orphan in names.iter().filter(|n| !named.contains(&n.as_str())) {
             if let Err(e) = self.call(self.api.delete(orphan, &DeleteParams::default())) {
-                warn!(shard = %orphan, error = %e, "cannot delete an old shard of the state");
+                warn!(object = %orphan, error = %e, "cannot delete an old part of the state");
             }
         }
     }
+}
+
+/// Whether `name` is a journal segment's, `{prefix}journal-{seq}-{hash}`.
+fn is_segment_name(name: &str, prefix: &str) -> bool {
+    let Some(rest) = name
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix("journal-"))
+    else {
+        return false;
+    };
+    rest.split_once('-').is_some_and(|(seq, hash)| {
+        !seq.is_empty()
+            && seq.bytes().all(|b| b.is_ascii_digit())
+            && hash.len() == 16
+            && hash.bytes().all(|b| b.is_ascii_hexdigit())
+    })
 }
 
 /// Whether `name` is a shard's, `{prefix}{hash}-{seq}-{i}`, and not the state object's
@@ -466,6 +594,13 @@ fn is_shard_name(name: &str, prefix: &str) -> bool {
         && parts[1..]
             .iter()
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// FNV-1a of `text`, as 16 hex digits.
+fn hash_of(text: &str) -> String {
+    let mut hash = Fnv64::default();
+    hash.write(text.as_bytes());
+    format!("{:016x}", hash.finish())
 }
 
 /// The records of a journal, in order; an unreadable line is an error.
@@ -534,12 +669,12 @@ impl StateStore for KubeStore {
         if !previous.is_empty() && previous != self.identity {
             info!(from = %previous, "state store taken over");
         }
-        self.delete_orphans(self.seen().manifest.as_ref());
+        self.delete_orphans(&self.seen());
         Ok(loaded)
     }
 
     fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
-        self.write_from_seen("append", |_, mut next| {
+        self.write_from_seen("append", |this, mut next| {
             // A batch written before whose answer was lost is in already.
             let new: Vec<Record> = records
                 .iter()
@@ -549,8 +684,16 @@ impl StateStore for KubeStore {
             let Some(last) = new.last() else {
                 return Ok(None);
             };
+            let added = lines(&new);
+            if !next.journal.is_empty() && next.journal.len() + added.len() > this.journal_cap {
+                // The journal so far becomes a segment; the state object names it in
+                // the same write that appends, so it is read only once named.
+                let segment = this.write_segment(&next.journal, next.last_seq)?;
+                next.segments.push(segment);
+                next.journal.clear();
+            }
             next.last_seq = last.seq;
-            next.journal.push_str(&lines(&new));
+            next.journal.push_str(&added);
             Ok(Some(next))
         })
     }
@@ -592,6 +735,7 @@ impl StateStore for KubeStore {
         let old = self.seen().manifest;
         // Then the switch: the manifest, and the journal cut to what the snapshot does
         // not cover, in one write.
+        let old_segments = self.seen().segments;
         self.write_from_seen("snapshot", |this, seen| {
             let kept: Vec<Record> = records(&seen.journal)
                 .map_err(|e| this.remote("snapshot", &this.name, Failure::Content(e)))?
@@ -602,9 +746,23 @@ impl StateStore for KubeStore {
                 last_seq: kept.last().map_or(seq.max(seen.last_seq), |r| r.seq),
                 journal: lines(&kept),
                 manifest: Some(manifest.clone()),
+                // A segment the snapshot does not cover whole stays named.
+                segments: seen
+                    .segments
+                    .iter()
+                    .filter(|g| g.last_seq > seq)
+                    .cloned()
+                    .collect(),
                 ..seen
             }))
         })?;
+        let named = self.seen().segments;
+        for segment in old_segments.iter().filter(|g| !named.contains(g)) {
+            self.segment_cache.remove(&segment.name);
+            if let Err(e) = self.call(self.api.delete(&segment.name, &DeleteParams::default())) {
+                warn!(segment = %segment.name, error = %e, "cannot delete a journal segment the snapshot covers");
+            }
+        }
         // The shards of the snapshot replaced go now; any others left by a crash, at
         // the next load.
         let current = self.seen().manifest;
@@ -622,12 +780,17 @@ impl StateStore for KubeStore {
     }
 
     fn prefers_snapshot(&self, records: &[Record]) -> bool {
-        let journal = self.seen.as_ref().map_or(0, |s| s.journal.len());
+        let (journal, segments) = self
+            .seen
+            .as_ref()
+            .map_or((0, 0), |s| (s.journal.len(), s.segments.len()));
         let incoming: usize = records
             .iter()
             .map(|r| serde_json::to_string(r).map_or(0, |l| l.len() + 1))
             .sum();
-        journal + incoming > JOURNAL_MAX_BYTES
+        // Too large for the state object even alone, or no room for one more segment.
+        incoming > self.journal_cap
+            || (journal + incoming > self.journal_cap && segments >= MAX_SEGMENTS)
     }
 
     fn look(&mut self) -> Result<Option<Loaded>, StoreError> {

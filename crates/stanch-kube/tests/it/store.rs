@@ -227,6 +227,73 @@ fn an_unreadable_state_object_is_copied_aside_and_a_new_history_begins() {
     assert!(why.contains(&copies[0]), "{why}");
 }
 
+#[test]
+fn a_journal_past_its_cap_moves_to_segments_read_back_whole_and_dropped_by_a_snapshot() {
+    let world = World::new();
+    let mut a = world.store("stanch-0").with_journal_cap(1000);
+    a.load().unwrap();
+    for seq in 1..=60 {
+        a.append(&[record(seq)]).unwrap();
+    }
+    let segments = || -> Vec<String> {
+        world
+            .api
+            .names("api/v1", "configmaps", NS)
+            .into_iter()
+            .filter(|n| n.starts_with("stanch-state-journal-"))
+            .collect()
+    };
+    assert!(segments().len() >= 2, "{:?}", segments());
+    let state_object = world.api.object("api/v1", "configmaps", NS, STATE).unwrap();
+    assert!(state_object["data"]["journal"].as_str().unwrap().len() <= 1000);
+
+    // Another replica reads every record, once, in order; a follower too.
+    let mut follower = world.store("stanch-9");
+    let looked = follower.look().unwrap().unwrap();
+    assert_eq!(seqs(&looked), (1..=60).collect::<Vec<_>>());
+    let mut b = world.store("stanch-1");
+    assert_eq!(seqs(&b.load().unwrap()), (1..=60).collect::<Vec<_>>());
+
+    // A snapshot covering them drops the segments.
+    b.snapshot(&state(60), 60).unwrap();
+    assert_eq!(segments(), Vec::<String>::new());
+    let loaded = world.store("stanch-2").load().unwrap();
+    assert_eq!(loaded.snapshot.unwrap().1, 60);
+    assert!(loaded.journal.is_empty());
+}
+
+#[test]
+fn a_segment_altered_by_hand_is_corruption_not_a_partial_journal() {
+    let world = World::new();
+    let mut a = world.store("stanch-0").with_journal_cap(300);
+    a.load().unwrap();
+    for seq in 1..=20 {
+        a.append(&[record(seq)]).unwrap();
+    }
+    let segment = world
+        .api
+        .names("api/v1", "configmaps", NS)
+        .into_iter()
+        .find(|n| n.starts_with("stanch-state-journal-"))
+        .unwrap();
+    let api = world.config_maps();
+    world.runtime.block_on(async {
+        let mut object = api.get(&segment).await.unwrap();
+        let data = object.data.as_mut().unwrap();
+        let text = data["journal"].clone();
+        // One record dropped: still JSON lines, but not what was written.
+        let shorter: String = text.lines().skip(1).map(|l| format!("{l}\n")).collect();
+        data.insert("journal".into(), shorter);
+        api.replace(&segment, &PostParams::default(), &object)
+            .await
+            .unwrap();
+    });
+    let loaded = world.store("stanch-1").load().unwrap();
+    let why = loaded.corruption.expect("said");
+    assert!(why.contains("does not match"), "{why}");
+    assert!(loaded.journal.is_empty() && loaded.snapshot.is_none());
+}
+
 fn labels(n: usize) -> Labels {
     [
         ("alertname", "KvCacheSaturated".to_owned()),
@@ -325,7 +392,8 @@ fn fault() -> impl Strategy<Value = Option<WriteFault>> {
 /// loads: every acknowledged record is there, once, in order.
 fn run_case(ops: &[Op], faults: Vec<Option<WriteFault>>) -> Result<(), TestCaseError> {
     let world = World::new();
-    let mut store = world.store("stanch-0");
+    // A journal of a few records a segment, so that segments come and go.
+    let mut store = world.store("stanch-0").with_journal_cap(400);
     store.load().unwrap();
     let mut plan = faults.into_iter();
     world.api.plan_faults(move |_, _| plan.next().flatten());
@@ -340,7 +408,14 @@ fn run_case(ops: &[Op], faults: Vec<Option<WriteFault>>) -> Result<(), TestCaseE
                     unsynced.push(record(next_seq));
                     next_seq += 1;
                 }
-                if store.append(&unsynced).is_ok() {
+                // As the engine task does: a snapshot when the store prefers one.
+                if store.prefers_snapshot(&unsynced) {
+                    let seq = next_seq - 1;
+                    if store.snapshot(&state(seq), seq).is_ok() {
+                        acked.extend(unsynced.drain(..).map(|r| r.seq));
+                        covered = seq;
+                    }
+                } else if store.append(&unsynced).is_ok() {
                     acked.extend(unsynced.drain(..).map(|r| r.seq));
                 }
             }
@@ -402,7 +477,7 @@ fn nothing_acknowledged_is_lost_whichever_write_fails() {
         ..RunnerConfig::default()
     });
     let strategy = (
-        proptest::collection::vec(op(), 1..24),
+        proptest::collection::vec(op(), 1..40),
         proptest::collection::vec(fault(), 0..40),
     );
     runner

@@ -4,4 +4,5 @@ mod adapter;
 mod client;
 mod crds;
 mod fake;
+mod sequence;
 mod store;

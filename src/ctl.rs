@@ -34,6 +34,17 @@ pub struct CtlArgs {
     /// Output format.
     #[arg(long, short, value_enum, default_value = "table", global = true)]
     output: Output,
+    /// Read from the cluster instead of the controller's API, with this kubeconfig:
+    /// `routes` (the route-table resource) and `status` (the policies' statuses).
+    /// Overrides and history are the controller's API's alone.
+    #[arg(long, global = true)]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// With --kubeconfig: the controller's namespace (default: the context's).
+    #[arg(long, global = true)]
+    namespace: Option<String>,
+    /// With --kubeconfig: the route-table resource's name (the controller's Lease name).
+    #[arg(long, global = true, default_value = "stanch")]
+    route_table: String,
     #[command(subcommand)]
     command: CtlCmd,
 }
@@ -167,6 +178,25 @@ impl Client {
 }
 
 pub fn run(args: CtlArgs) -> ExitCode {
+    if let Some(kubeconfig) = &args.kubeconfig {
+        let read = cluster::execute(
+            kubeconfig,
+            args.namespace.as_deref(),
+            &args.route_table,
+            args.command,
+            args.output,
+        );
+        return match read {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let http = match reqwest::blocking::Client::builder()
         .timeout(std::time::Duration::from_secs(15))
         .build()
@@ -539,4 +569,151 @@ fn render_routes(t: &RouteTable) -> String {
         .ok();
     }
     out
+}
+
+/// `stanch ctl --kubeconfig`: what the cluster holds of the controller's state.
+///
+/// Only reads, and only what the cluster has: the route table (the resource the
+/// leader writes, identical to `GET /v1/routes`) and each policy's status. Overrides
+/// stay on the controller's API, where they are authenticated with its tokens,
+/// journaled and in its history; the history, gateways and alerts are there too.
+mod cluster {
+    use std::fmt::Write as _;
+    use std::path::Path;
+
+    use kube::ResourceExt;
+    use kube::api::Api;
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use serde_json::json;
+    use stanch_api::RouteTable;
+    use stanch_kube::crd::{StanchPolicy, StanchRouteTable};
+
+    use super::{CtlCmd, Output, json, render_routes, table};
+
+    pub(super) fn execute(
+        kubeconfig: &Path,
+        namespace: Option<&str>,
+        route_table: &str,
+        command: CtlCmd,
+        output: Output,
+    ) -> Result<String, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the runtime: {e}"))?;
+        runtime.block_on(async {
+            let config = Kubeconfig::read_from(kubeconfig)
+                .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
+            let config =
+                kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
+            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+            let namespace =
+                namespace.map_or_else(|| client.default_namespace().to_owned(), str::to_owned);
+            match command {
+                CtlCmd::Routes => {
+                    let table = read_table(&client, &namespace, route_table).await?;
+                    Ok(if output == Output::Json {
+                        json(&table)
+                    } else {
+                        render_routes(&table)
+                    })
+                }
+                CtlCmd::Status => status(&client, &namespace, route_table, output).await,
+                _ => Err(
+                    "--kubeconfig reads only (routes, status): overrides and the history are \
+                     the controller's API (--server), where they are authenticated with its \
+                     tokens and audited"
+                        .into(),
+                ),
+            }
+        })
+    }
+
+    async fn read_table(
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<RouteTable, String> {
+        let api: Api<StanchRouteTable> = Api::namespaced(client.clone(), namespace);
+        let resource = api
+            .get_opt(name)
+            .await
+            .map_err(|e| format!("cannot read stanchroutetable {namespace}/{name}: {e}"))?
+            .ok_or_else(|| {
+                format!("no stanchroutetable {namespace}/{name}: is a controller with --store kubernetes running there?")
+            })?;
+        resource
+            .status
+            .and_then(|s| s.table)
+            .ok_or_else(|| format!("stanchroutetable {namespace}/{name} holds no table yet"))
+    }
+
+    async fn status(
+        client: &kube::Client,
+        namespace: &str,
+        route_table: &str,
+        output: Output,
+    ) -> Result<String, String> {
+        let api: Api<StanchPolicy> = Api::namespaced(client.clone(), namespace);
+        let policies = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| format!("cannot list stanchpolicies in {namespace}: {e}"))?
+            .items;
+        let table_read = read_table(client, namespace, route_table).await;
+        if output == Output::Json {
+            let listed: Vec<_> = policies
+                .iter()
+                .map(|p| json!({"name": p.name_any(), "model": p.spec.model, "status": p.status}))
+                .collect();
+            let routes = table_read.as_ref().ok();
+            return Ok(json(
+                &json!({"namespace": namespace, "policies": listed, "routeTable": routes}),
+            ));
+        }
+        let rows: Vec<Vec<String>> = policies
+            .iter()
+            .map(|p| {
+                let s = p.status.as_ref();
+                let ready = s
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                    .map_or_else(
+                        || "-".to_owned(),
+                        |c| format!("{} ({})", c.status, c.reason),
+                    );
+                vec![
+                    p.name_any(),
+                    p.spec.model.clone(),
+                    s.and_then(|s| s.rung)
+                        .map_or_else(|| "-".into(), |r| r.to_string()),
+                    s.and_then(|s| s.active_pool.clone())
+                        .unwrap_or_else(|| "-".into()),
+                    ready,
+                    s.and_then(|s| s.reason.clone())
+                        .unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        let mut out = format!("policies in {namespace} (from the cluster):\n");
+        out.push_str(&table(
+            &["POLICY", "MODEL", "RUNG", "POOL", "READY", "REASON"],
+            &rows,
+        ));
+        match table_read {
+            Ok(t) => writeln!(
+                out,
+                "route table {route_table}: version {} epoch {}, {} models, {} blocked",
+                t.version,
+                t.epoch,
+                t.models.len(),
+                t.blocked.len()
+            )
+            .ok(),
+            Err(e) => writeln!(out, "route table: {e}").ok(),
+        };
+        out.push_str("gateways, alerts, overrides and the history: stanch ctl status against the controller (--server)\n");
+        Ok(out)
+    }
 }

@@ -167,3 +167,115 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// `stanch ctl --kubeconfig` reads what the cluster holds: the route-table resource as
+/// the watch serves it, and the policies' statuses; it refuses to change anything.
+#[tokio::test]
+async fn ctl_reads_the_route_table_and_policy_statuses_from_the_cluster() {
+    use kube::api::{Patch, PatchParams};
+    use stanch_kube::publish::RouteTableWriter;
+
+    let api = FakeApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: monitoring}}}}]\n\
+             current-context: c\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+    let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    let at = stanch_api::Timestamp::from_millis(1_764_633_600_000);
+    let table = stanch_core::Engine::new(
+        stanch_core::Config::default_config(),
+        stanch_core::Engine::fresh_state("e1".into(), at),
+        at,
+    )
+    .route_table();
+    RouteTableWriter::new(Api::namespaced(client.clone(), "monitoring"), "stanch")
+        .write(&table)
+        .await
+        .unwrap();
+    let policies: Api<StanchPolicy> = Api::namespaced(client, "monitoring");
+    policies
+        .create(&PostParams::default(), &policy("small", "qwen-7b"))
+        .await
+        .unwrap();
+    let status = json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchPolicy",
+        "status": {"rung": "failover", "activePool": "dc-b", "reason": "PoolDown on dc-a",
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "InForce",
+                                   "message": "in force", "lastTransitionTime": "2026-12-02T00:00:00Z"}]}});
+    policies
+        .patch_status(
+            "small",
+            &PatchParams::apply("stanch").force(),
+            &Patch::Apply(&status),
+        )
+        .await
+        .unwrap();
+
+    let ctl = |args: &[&str]| {
+        let kubeconfig = kubeconfig.clone();
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                std::process::Command::new(env!("CARGO_BIN_EXE_stanch"))
+                    .arg("ctl")
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .args(&args)
+                    .env_remove("KUBERNETES_SERVICE_HOST")
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let routes = ctl(&["routes", "--output", "json"]).await;
+    assert!(
+        routes.status.success(),
+        "{}",
+        String::from_utf8_lossy(&routes.stderr)
+    );
+    let read: stanch_api::RouteTable = serde_json::from_slice(&routes.stdout).unwrap();
+    assert_eq!(read, table, "the table as the watch serves it");
+
+    let status = ctl(&["status"]).await;
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let text = String::from_utf8_lossy(&status.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("small"))
+        .unwrap_or_else(|| panic!("a row for the policy:\n{text}"));
+    for cell in [
+        "qwen-7b",
+        "failover",
+        "dc-b",
+        "True (InForce)",
+        "PoolDown on dc-a",
+    ] {
+        assert!(row.contains(cell), "{cell} in {row:?}");
+    }
+    assert!(
+        text.contains(&format!("version {} epoch e1", table.version)),
+        "{text}"
+    );
+
+    let refused = ctl(&["force", "qwen-7b", "static", "--reason", "x"]).await;
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--server"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

@@ -160,10 +160,13 @@ fn alerts(replica: &Replica) -> BTreeSet<String> {
         .collect()
 }
 
+/// A table as seen: (replica, epoch, version, hash).
+type Sighting = (String, String, u64, String);
+
 /// What a gateway sees: every replica's table, polled until stopped.
 struct Observer {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<(String, String, u64, String)>>>,
+    thread: Option<std::thread::JoinHandle<Vec<Sighting>>>,
 }
 
 impl Observer {

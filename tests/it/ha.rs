@@ -51,7 +51,12 @@ impl Replica {
             .env("STANCH_READ_TOKEN", "rd")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // STANCH_HA_LOGS=1 shows what the replicas log.
+            .stderr(if std::env::var_os("STANCH_HA_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .spawn()
             .unwrap();
         let replica = Replica {
@@ -294,14 +299,19 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
         "the follower holds what was acknowledged"
     );
     // The route-table resource holds it too, as the watch serves it.
-    eventually(Duration::from_secs(5), "the route-table resource", || {
+    let served: stanch_api::RouteTable = serde_json::from_value(table.clone()).unwrap();
+    eventually(Duration::from_secs(10), "the route-table resource", || {
         let resource = api.object(
             "apis/stanch.dev/v1alpha1",
             "stanchroutetables",
             NS,
             "stanch",
         )?;
-        (resource["status"]["table"] == table).then_some(())
+        // The same table: the resource leaves out what is null, as the API server
+        // stores an applied object.
+        let held: stanch_api::RouteTable =
+            serde_json::from_value(resource["status"]["table"].clone()).ok()?;
+        (held == served).then_some(())
     });
 
     // kill -9 mid-incident: no chance to give the lease up.

@@ -26,8 +26,9 @@
 //! Where it simplifies: compaction expires every watch that has not seen the newest
 //! revision (as a watch fallen behind etcd's compaction is), where a real API server's
 //! watch cache keeps most of them going with bookmarks; server-side apply merges the
-//! applied object into the live one and does not track field ownership, so it never
-//! answers `409` for a field another manager owns; no admission, defaulting or schema
+//! applied object into the live one and removes what the same manager applied before
+//! and leaves out now (lists replaced whole), but does not track field ownership
+//! between managers, so it never answers `409` for a field another manager owns; no admission, defaulting or schema
 //! validation (the CRDs' schemas are tested apart); label selectors of equality terms
 //! only (in lists), no field selectors; one API version per group; and
 //! [`FakeApiServer::set_down`] stands in for an API server that is unreachable (it
@@ -66,6 +67,9 @@ struct Store {
     uids: u64,
     /// Decides, for each write (method, path), whether to fail it and how.
     faults: Option<FaultPlan>,
+    /// What each field manager last applied to each object (and subresource): the
+    /// fields it applied then and leaves out now are removed.
+    applied: BTreeMap<(Key, String, String), Value>,
 }
 
 type FaultPlan = Box<dyn FnMut(&str, &str) -> Option<WriteFault> + Send>;
@@ -579,6 +583,30 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// Removes from `live` the fields a manager applied `before` and leaves out `now`, as
+/// server-side apply removes fields their manager no longer applies. Lists are
+/// atomic: replaced whole by the merge.
+fn unapply(live: &mut Value, before: &Value, now: &Value, top: bool) {
+    let (Some(live), Some(before)) = (live.as_object_mut(), before.as_object()) else {
+        return;
+    };
+    for (k, was) in before {
+        if top && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        match now.get(k) {
+            None | Some(Value::Null) => {
+                live.remove(k);
+            }
+            Some(is) => {
+                if let Some(field) = live.get_mut(k) {
+                    unapply(field, was, is, false);
+                }
+            }
+        }
+    }
+}
+
 fn patch(
     shared: &Shared,
     t: &Target,
@@ -606,6 +634,15 @@ fn patch(
         return status(StatusCode::BAD_REQUEST, "BadRequest", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into(), name, &t.plural);
     }
     let live = lock(&shared.store).objects.get(&key(t, name)).cloned();
+    let slot = manager
+        .clone()
+        .filter(|_| apply)
+        .map(|m| (key(t, name), m, t.subresource.clone().unwrap_or_default()));
+    let previous = slot.as_ref().and_then(|slot| {
+        lock(&shared.store)
+            .applied
+            .insert(slot.clone(), body.clone())
+    });
     let Some(mut object) = live else {
         if !apply || t.subresource.is_some() {
             return not_found(t, name);
@@ -619,6 +656,9 @@ fn patch(
     let precondition = body["metadata"]["resourceVersion"]
         .as_str()
         .map(str::to_owned);
+    if let Some(previous) = &previous {
+        unapply(&mut object, previous, &body, true);
+    }
     merge(&mut object, &body);
     if let Some(m) = manager.filter(|_| apply) {
         let managers: BTreeSet<String> = object["metadata"]["managedFields"]

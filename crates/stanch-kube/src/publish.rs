@@ -78,15 +78,21 @@ pub async fn follow_published(
     let mut leading = controller.leadership().subscribe();
     tokio::pin!(shutdown);
     loop {
+        let mut failed = false;
         if controller.leadership().leads() {
             let published = controller.published();
             if let Err(e) = writer.write(&published.table).await {
                 tracing::warn!(error = %e, "cannot write the route-table resource; trying again");
+                failed = true;
             }
         }
         tokio::select! {
             () = &mut shutdown => return,
             () = tokio::time::sleep(MIN_WRITE_INTERVAL) => {}
+        }
+        if failed {
+            // Again, whether or not a newer table came meanwhile.
+            continue;
         }
         tokio::select! {
             () = &mut shutdown => return,

@@ -136,6 +136,32 @@ async fn merge_patches_and_server_side_apply() {
     .await;
     assert_eq!(code, 200);
     assert_eq!(status["status"]["rung"], "degraded");
+    // What the manager applied before and leaves out now is removed, as the real
+    // server-side apply removes fields their manager no longer applies.
+    let (code, status) = send(apply(
+        "p/status",
+        Some("stanch"),
+        json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchPolicy",
+               "status": {"rung": "static", "alias": "qwen-14b"}}),
+    ))
+    .await;
+    assert_eq!(
+        (code, status["status"]["alias"].as_str()),
+        (200, Some("qwen-14b"))
+    );
+    let (code, status) = send(apply(
+        "p/status",
+        Some("stanch"),
+        json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchPolicy",
+               "status": {"rung": "normal"}}),
+    ))
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        status["status"],
+        json!({"rung": "normal"}),
+        "alias no longer applied"
+    );
     let (code, merged) = send(
         http()
             .patch(url("/p"))

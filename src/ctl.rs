@@ -186,16 +186,7 @@ pub fn run(args: CtlArgs) -> ExitCode {
             args.command,
             args.output,
         );
-        return match read {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        };
+        return finish(read);
     }
     let http = match reqwest::blocking::Client::builder()
         .timeout(std::time::Duration::from_secs(15))
@@ -216,7 +207,12 @@ pub fn run(args: CtlArgs) -> ExitCode {
         base: args.server.trim_end_matches('/').to_owned(),
         token,
     };
-    match execute(&client, args.command, args.output) {
+    finish(execute(&client, args.command, args.output))
+}
+
+/// Prints what a command made, or why it failed.
+fn finish(result: Result<String, String>) -> ExitCode {
+    match result {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS

@@ -122,18 +122,9 @@ fn alert(n: u64) -> Value {
         "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z"}]})
 }
 
-fn kubeconfig(dir: &Path, url: &str) -> PathBuf {
+fn kubeconfig(dir: &Path, api: &FakeApiServer) -> PathBuf {
     let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\n\
-             contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: {NS}}}}}]\n\
-             current-context: c\n"
-        ),
-    )
-    .unwrap();
+    api.write_kubeconfig(&path, NS).unwrap();
     path
 }
 
@@ -141,6 +132,46 @@ fn kubeconfig(dir: &Path, url: &str) -> PathBuf {
 fn holder(api: &FakeApiServer) -> Option<String> {
     let lease = api.object("apis/coordination.k8s.io/v1", "leases", NS, "stanch")?;
     lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+/// One fake API server, and two replicas of which one leads.
+struct Cluster {
+    api: FakeApiServer,
+    kubeconfig: PathBuf,
+    leader: Replica,
+    follower: Replica,
+    // Held for the fake API server, and the kubeconfig's directory.
+    _runtime: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts it, and waits until one replica holds the Lease.
+    fn start() -> Cluster {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let api = runtime.block_on(FakeApiServer::start());
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = kubeconfig(dir.path(), &api);
+        let mut replicas = vec![
+            Replica::start("stanch-0", &kubeconfig),
+            Replica::start("stanch-1", &kubeconfig),
+        ];
+        let leader_name = eventually(Duration::from_secs(10), "a leader", || holder(&api));
+        let at = replicas
+            .iter()
+            .position(|r| r.identity == leader_name)
+            .unwrap();
+        let leader = replicas.remove(at);
+        let follower = replicas.pop().unwrap();
+        Cluster {
+            api,
+            kubeconfig,
+            leader,
+            follower,
+            _runtime: runtime,
+            _dir: dir,
+        }
+    }
 }
 
 /// Waits until `check` holds, polling; panics with `what` past `within`.
@@ -253,21 +284,17 @@ fn until_taken(replica: &Replica, n: u64, within: Duration) -> Duration {
 
 #[test]
 fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let api = runtime.block_on(FakeApiServer::start());
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = kubeconfig(dir.path(), api.url());
-    let mut replicas = vec![
-        Replica::start("stanch-0", &kubeconfig),
-        Replica::start("stanch-1", &kubeconfig),
-    ];
-    let leader_name = eventually(Duration::from_secs(10), "a leader", || holder(&api));
-    let at = replicas
-        .iter()
-        .position(|r| r.identity == leader_name)
-        .unwrap();
-    let leader = replicas.remove(at);
-    let follower = replicas.pop().unwrap();
+    // Moved out of a named binding, the rest (the runtime, the directory) lives to the
+    // end of the test.
+    let cluster = Cluster::start();
+    let Cluster {
+        api,
+        kubeconfig,
+        leader,
+        follower,
+        ..
+    } = cluster;
+    let leader_name = leader.identity.clone();
     let observer = Observer::start(vec![leader.base.clone(), follower.base.clone()]);
 
     // The incident: alerts acknowledged by the leader.
@@ -360,21 +387,13 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
 
 #[test]
 fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let api = runtime.block_on(FakeApiServer::start());
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = kubeconfig(dir.path(), api.url());
-    let mut replicas = vec![
-        Replica::start("stanch-0", &kubeconfig),
-        Replica::start("stanch-1", &kubeconfig),
-    ];
-    let leader_name = eventually(Duration::from_secs(10), "a leader", || holder(&api));
-    let at = replicas
-        .iter()
-        .position(|r| r.identity == leader_name)
-        .unwrap();
-    let paused = replicas.remove(at);
-    let other = replicas.pop().unwrap();
+    let cluster = Cluster::start();
+    let Cluster {
+        api,
+        leader: paused,
+        follower: other,
+        ..
+    } = cluster;
     let mut acked = BTreeSet::new();
     for n in 1..=10 {
         eventually(Duration::from_secs(10), "the leader taking alerts", || {
@@ -431,7 +450,7 @@ fn an_api_server_down_for_a_minute_leaves_the_table_served_and_decisions_resume(
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let api = runtime.block_on(FakeApiServer::start());
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = kubeconfig(dir.path(), api.url());
+    let kubeconfig = kubeconfig(dir.path(), &api);
     let replica = Replica::start("stanch-0", &kubeconfig);
     eventually(Duration::from_secs(10), "a leader", || holder(&api));
     let mut acked = BTreeSet::new();

@@ -38,17 +38,7 @@ async fn serve_takes_policies_from_the_cluster_at_start_and_live() {
     let api = FakeApiServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\n\
-             contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: monitoring}}}}]\n\
-             current-context: c\n",
-            api.url()
-        ),
-    )
-    .unwrap();
+    api.write_kubeconfig(&kubeconfig, "monitoring").unwrap();
     let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
     let policies: Api<StanchPolicy> = Api::namespaced(client, "monitoring");
     policies
@@ -178,17 +168,7 @@ async fn ctl_reads_the_route_table_and_policy_statuses_from_the_cluster() {
     let api = FakeApiServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\n\
-             contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: monitoring}}}}]\n\
-             current-context: c\n",
-            api.url()
-        ),
-    )
-    .unwrap();
+    api.write_kubeconfig(&kubeconfig, "monitoring").unwrap();
     let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
     let at = stanch_api::Timestamp::from_millis(1_764_633_600_000);
     let table = stanch_core::Engine::new(

@@ -212,16 +212,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let api = FakeApiServer::start().await;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\n\
-             contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: monitoring}}}}]\n\
-             current-context: c\n",
-            api.url()
-        ),
-    )?;
+    api.write_kubeconfig(&kubeconfig, "monitoring")?;
     println!(
         "stanch-bench cluster: {} with --store kubernetes against the fake API server (in process, loopback), and with the file store",
         args.stanch.display()

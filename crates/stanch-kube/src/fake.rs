@@ -129,6 +129,21 @@ impl FakeApiServer {
         &self.url
     }
 
+    /// A kubeconfig for it, its context's namespace `namespace`, written to `path`:
+    /// what processes under test are given as `KUBECONFIG`.
+    pub fn write_kubeconfig(&self, path: &std::path::Path, namespace: &str) -> std::io::Result<()> {
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
+                 users: [{{name: u, user: {{}}}}]\n\
+                 contexts: [{{name: c, context: {{cluster: fake, user: u, namespace: {namespace}}}}}]\n\
+                 current-context: c\n",
+                self.url
+            ),
+        )
+    }
+
     /// Makes it answer every request with `503` (`down`), or serve again.
     pub fn set_down(&self, down: bool) {
         lock(&self.store).down = down;

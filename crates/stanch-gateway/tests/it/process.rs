@@ -287,16 +287,7 @@ async fn the_binary_follows_the_route_table_resource_without_reaching_the_contro
     let api = FakeApiServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: '{}'}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\n\
-             contexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n",
-            api.url()
-        ),
-    )
-    .unwrap();
+    api.write_kubeconfig(&kubeconfig, "default").unwrap();
     // The controller, and the leader's writing of its table to the resource.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let controller = stanch_server::Controller::start(

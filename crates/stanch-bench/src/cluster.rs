@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use stanch_kube::fake::FakeApiServer;
 use tokio::time::Instant;
 
-use crate::{percentile, show, toggling_webhook};
+use crate::{percentile, show, toggling_webhook, webhook_latency};
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -92,40 +92,10 @@ async fn start(bin: &Path, args: &[&str], env: &[(&str, &Path)]) -> anyhow::Resu
     bail!("stanch did not take a webhook within 30 s")
 }
 
-/// Webhook → new version visible on `GET /v1/routes`, one client, `rounds` times.
+/// Webhook → new version visible, `rounds` times. Round 0 was the readiness check:
+/// starting at 1, every webhook changes the table.
 async fn latency(base: &str, rounds: usize) -> anyhow::Result<Vec<Duration>> {
-    let http = reqwest::Client::new();
-    let (hook, routes) = (
-        format!("{base}/v1/alerts/alertmanager"),
-        format!("{base}/v1/routes"),
-    );
-    let mut samples = Vec::with_capacity(rounds);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    // Round 0 was the readiness check: start at 1 so every webhook changes the table.
-    for round in 1..=rounds {
-        if Instant::now() > deadline {
-            break;
-        }
-        let started = Instant::now();
-        let answer: Value = http
-            .post(&hook)
-            .body(toggling_webhook(round))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let version = answer["version"]
-            .as_u64()
-            .context("version in the answer")?;
-        let seen: Value = http.get(&routes).send().await?.json().await?;
-        let elapsed = started.elapsed();
-        if seen["version"].as_u64() < Some(version) {
-            bail!("version {version} acknowledged but not visible");
-        }
-        samples.push(elapsed);
-    }
-    samples.sort();
-    Ok(samples)
+    webhook_latency(&reqwest::Client::new(), base, 1..rounds + 1).await
 }
 
 /// What a storm did: each webhook's latency, and how many were refused.

@@ -275,31 +275,20 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn show(d: Duration) -> String {
-    if d < Duration::from_millis(1) {
-        format!("{} µs", d.as_micros())
-    } else {
-        format!("{:.2} ms", d.as_secs_f64() * 1e3)
-    }
-}
-
-async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
-    let server = Server::start(&args.stanch).await?;
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(4096)
-        .build()?;
-    println!(
-        "stanch-bench controller: {} (file store, fsync per commit)",
-        args.stanch.display()
+/// Webhook received → new version visible on `GET /v1/routes`, one client, a round at a
+/// time (each webhook changes the table), for at most a minute; sorted.
+async fn webhook_latency(
+    http: &reqwest::Client,
+    base: &str,
+    rounds: std::ops::Range<usize>,
+) -> anyhow::Result<Vec<Duration>> {
+    let (hook, routes) = (
+        format!("{base}/v1/alerts/alertmanager"),
+        format!("{base}/v1/routes"),
     );
-    println!("idle RSS: {} KiB", server.rss_kib());
-
-    // 1. Webhook received → new version visible on GET /v1/routes.
-    let hook = format!("{}/v1/alerts/alertmanager", server.base);
-    let routes = format!("{}/v1/routes", server.base);
-    let mut samples = Vec::with_capacity(args.latency_rounds);
+    let mut samples = Vec::with_capacity(rounds.len());
     let deadline = Instant::now() + Duration::from_secs(60);
-    for round in 0..args.latency_rounds {
+    for round in rounds {
         if Instant::now() > deadline {
             break;
         }
@@ -322,6 +311,32 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         samples.push(elapsed);
     }
     samples.sort();
+    Ok(samples)
+}
+
+fn show(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        format!("{} µs", d.as_micros())
+    } else {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    }
+}
+
+async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    let server = Server::start(&args.stanch).await?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .build()?;
+    println!(
+        "stanch-bench controller: {} (file store, fsync per commit)",
+        args.stanch.display()
+    );
+    println!("idle RSS: {} KiB", server.rss_kib());
+
+    // 1. Webhook received → new version visible on GET /v1/routes.
+    let hook = format!("{}/v1/alerts/alertmanager", server.base);
+    let routes = format!("{}/v1/routes", server.base);
+    let samples = webhook_latency(&http, &server.base, 0..args.latency_rounds).await?;
     println!(
         "webhook -> visible on GET /v1/routes ({} rounds, one client): p50 {}  p90 {}  p99 {}  max {}",
         samples.len(),

@@ -494,3 +494,36 @@ fn an_api_server_down_for_a_minute_leaves_the_table_served_and_decisions_resume(
         "what was refused is not in"
     );
 }
+
+#[test]
+fn a_replica_that_has_read_no_state_serves_no_table() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let api = runtime.block_on(FakeApiServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(dir.path(), &api);
+    // Started while the API server cannot be reached: it has read nothing, so a table
+    // it served would be one no leader made (all healthy, mid-incident perhaps).
+    api.set_down(true);
+    let replica = Replica::start("stanch-0", &kubeconfig);
+    let http = client();
+    for path in ["/v1/routes", "/v1/routes/stream", "/v1/status", "/readyz"] {
+        let r = http
+            .get(format!("{}{path}", replica.base))
+            .bearer_auth("rd")
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 503, "{path}");
+    }
+    // Back: it leads, from the stored state (none: a new history), and serves it.
+    api.set_down(false);
+    until_taken(&replica, 1, Duration::from_secs(10));
+    let table = replica.get("/v1/routes");
+    assert!(table["version"].as_u64() > Some(0), "{table}");
+    assert_eq!(
+        http.get(format!("{}/readyz", replica.base))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
+}

@@ -615,8 +615,20 @@ fn records(journal: &str) -> Result<Vec<Record>, String> {
         .collect()
 }
 
+/// The `seq` of a journal's last record, read from its last line alone: the state
+/// object is read at every look and before every write after a doubt, and the whole
+/// journal is parsed only when its records are wanted.
 fn last_seq(journal: &str) -> Result<Option<u64>, String> {
-    Ok(records(journal)?.last().map(|r| r.seq))
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: u64,
+    }
+    let Some(line) = journal.lines().rev().find(|l| !l.trim().is_empty()) else {
+        return Ok(None);
+    };
+    serde_json::from_str::<Seq>(line)
+        .map(|r| Some(r.seq))
+        .map_err(|e| format!("journal's last line: {e}"))
 }
 
 /// `records` as journal lines.

@@ -159,6 +159,18 @@ pub struct EngineTask {
     /// The configuration to put in force on taking charge: the one given at start, or
     /// given since while following.
     desired: Config,
+    /// While following: the snapshot the engine was replayed from and the last record
+    /// applied, so that a look applies only the records written since.
+    followed: Option<Followed>,
+}
+
+/// Where a follower's engine stands in the leader's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Followed {
+    /// The journal position of the snapshot replayed from (`None`: from nothing).
+    snapshot: Option<u64>,
+    /// The last journal position applied.
+    last: u64,
 }
 
 /// How often a follower looks at what the leader wrote.
@@ -270,7 +282,13 @@ impl EngineTask {
             healthy: AtomicBool::new(true),
             recovered_from_corruption: std::sync::Mutex::new(None),
         });
-        let publisher = Arc::new(Publisher::new(snapshot_of(&engine, now)));
+        // A replica alone publishes what it restores before anything reads it; one
+        // that follows has no table until it has read the leader's.
+        let placeholder = snapshot_of(&engine, now);
+        let publisher = Arc::new(match role {
+            None => Publisher::new(placeholder),
+            Some(_) => Publisher::pending(placeholder),
+        });
         let (tx, rx) = mpsc::channel(4096);
         let task = EngineTask {
             engine,
@@ -291,6 +309,7 @@ impl EngineTask {
             role,
             fenced: false,
             desired: config,
+            followed: None,
         };
         let parts = Parts {
             handle: EngineHandle { tx },
@@ -305,11 +324,9 @@ impl EngineTask {
     /// queued to be written; with no snapshot yet, the next write is one. Returns the
     /// table of what is durable, before that input.
     fn restore(&mut self, loaded: Loaded, now: Timestamp) -> Snapshot {
-        if let Some(why) = &loaded.corruption {
+        if let Some(why) = loaded.corruption.clone() {
             error!(store = self.health.kind, problem = %why, "state was unreadable: starting over under a new epoch; versions restart");
             self.metrics.state_corrupt_recovered.set(1);
-        }
-        if let Some(why) = loaded.corruption.clone() {
             *self
                 .health
                 .recovered_from_corruption
@@ -504,6 +521,8 @@ impl EngineTask {
         self.unsynced.clear();
         self.unsynced_decisions.clear();
         self.deciding = false;
+        // Its engine went past what it followed: the next look replays.
+        self.followed = None;
     }
 
     /// Answers inputs that reached a follower: a new configuration is kept for when it
@@ -539,7 +558,7 @@ impl EngineTask {
         match looked {
             Ok(None) => {}
             Ok(Some(loaded)) => {
-                self.engine = replay(loaded, &self.desired, now).engine;
+                self.catch_up(loaded, now);
                 self.publisher.publish(snapshot_of(&self.engine, now));
                 self.update_metrics(&[]);
                 // Ready once it serves the leader's table; a later failure to look
@@ -551,6 +570,35 @@ impl EngineTask {
                 debug!(error = %e, source = %ErrorChain(&e), "cannot read the leader's state; serving the last table read");
             }
         }
+    }
+
+    /// Brings the follower's engine to what `loaded` holds: only the records after the
+    /// last one applied when the snapshot is the one replayed from and the journal
+    /// still holds that record; else a replay from the snapshot.
+    fn catch_up(&mut self, loaded: Loaded, now: Timestamp) {
+        let snapshot = loaded.snapshot.as_ref().map(|(_, seq)| *seq);
+        let last = loaded
+            .journal
+            .last()
+            .map(|r| r.seq)
+            .or(snapshot)
+            .unwrap_or(0);
+        let continues = self.followed.is_some_and(|f| {
+            f.snapshot == snapshot
+                && f.last <= last
+                && (Some(f.last) == snapshot
+                    || f.last == 0
+                    || loaded.journal.iter().any(|r| r.seq == f.last))
+        });
+        match self.followed {
+            Some(f) if continues => {
+                for record in loaded.journal.into_iter().filter(|r| r.seq > f.last) {
+                    self.engine.step(record.input, record.at);
+                }
+            }
+            _ => self.engine = replay(loaded, &self.desired, now).engine,
+        }
+        self.followed = Some(Followed { snapshot, last });
     }
 
     /// Counts a store failure.

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 use axum::http::{HeaderName, HeaderValue, header};
@@ -85,6 +86,9 @@ impl Snapshot {
 pub struct Publisher {
     current: ArcSwap<Snapshot>,
     version: watch::Sender<u64>,
+    /// `current` comes from the state: false only on a replica that has not read the
+    /// leader's state yet, whose table would be one no leader made.
+    held: AtomicBool,
 }
 
 impl Publisher {
@@ -94,12 +98,29 @@ impl Publisher {
         Publisher {
             current: ArcSwap::from_pointee(first),
             version,
+            held: AtomicBool::new(true),
         }
+    }
+
+    /// A publisher with no table yet: `placeholder` stands in for status and metrics
+    /// until the first [`Publisher::publish`], and [`Publisher::table`] is `None`.
+    pub fn pending(placeholder: Snapshot) -> Publisher {
+        let publisher = Publisher::new(placeholder);
+        publisher.held.store(false, Ordering::Relaxed);
+        publisher
     }
 
     /// The current snapshot.
     pub fn load(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The current snapshot if it comes from the state: what may be served as the
+    /// route table.
+    pub fn table(&self) -> Option<Arc<Snapshot>> {
+        self.held
+            .load(Ordering::Acquire)
+            .then(|| self.current.load_full())
     }
 
     /// Replaces the snapshot; wakes watchers if the version changed. Never blocks.
@@ -108,6 +129,7 @@ impl Publisher {
         let version = next.table.version;
         let epoch_changed = self.current.load().table.epoch != next.table.epoch;
         self.current.store(Arc::new(next));
+        self.held.store(true, Ordering::Release);
         self.version.send_if_modified(|v| {
             let changed = *v != version || epoch_changed;
             *v = version;

@@ -215,7 +215,7 @@ fn an_unreadable_state_object_is_copied_aside_and_a_new_history_begins() {
     });
     let loaded = world.store("stanch-1").load().unwrap();
     let why = loaded.corruption.expect("said");
-    assert!(why.contains("journal line 1"), "{why}");
+    assert!(why.contains("journal"), "{why}");
     assert!(loaded.snapshot.is_none() && loaded.journal.is_empty());
     let copies: Vec<String> = world
         .api

@@ -281,3 +281,14 @@ impl Drop for WatcherGuard {
             .dec();
     }
 }
+
+/// The route table to serve, or `503` while this replica has none from the state (a
+/// follower that has not read the leader's yet): better no answer, which a gateway
+/// retries while it keeps its own table, than a table no leader made.
+fn table(state: &AppState) -> Result<Arc<crate::publish::Snapshot>, ApiError> {
+    state.publisher.table().ok_or_else(|| {
+        ApiError::Unavailable(
+            "no route table yet: this replica has not read the leader's state".into(),
+        )
+    })
+}

@@ -14,14 +14,14 @@ use crate::history::Page;
 use crate::metrics::KindLabel;
 
 /// `GET /v1/status`
-pub(super) async fn status(State(state): State<AppState>) -> Json<StatusReport> {
-    let snap = state.publisher.load();
+pub(super) async fn status(State(state): State<AppState>) -> Result<Json<StatusReport>, ApiError> {
+    let snap = super::table(&state)?;
     let now = state.clock.now();
     let mut blocked = snap.blocks.clone();
     for b in &mut blocked {
         b.seconds_left = b.until.since(now).as_secs();
     }
-    Json(StatusReport {
+    Ok(Json(StatusReport {
         epoch: snap.table.epoch.clone(),
         version: snap.table.version,
         generated_at: snap.table.generated_at,
@@ -40,7 +40,7 @@ pub(super) async fn status(State(state): State<AppState>) -> Json<StatusReport> 
                 .load(std::sync::atomic::Ordering::Relaxed),
             recovered_from_corruption: state.store.recovered_from_corruption(),
         },
-    })
+    }))
 }
 
 #[derive(Debug, Deserialize)]

@@ -64,7 +64,7 @@ pub(super) async fn routes(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
     state.gateways.observe(&headers, state.clock.now());
-    let snap = state.publisher.load();
+    let snap = super::table(&state)?;
     let Some(after) = query.after else {
         let unchanged = headers
             .get(header::IF_NONE_MATCH)
@@ -138,6 +138,7 @@ pub(super) async fn stream(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     state.gateways.observe(&headers, state.clock.now());
+    super::table(&state)?;
     let guard = WatcherGuard::admit(&state, "sse")?;
     let resume: Option<u64> = headers
         .get("last-event-id")

@@ -8,10 +8,14 @@
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use serde::Serialize;
 use serde_json::json;
+use serde_json::value::RawValue;
 use stanch_api::RouteTable;
 
-use crate::crd::{StanchRouteTable, StanchRouteTableStatus};
+use crate::crd::StanchRouteTable;
+#[cfg(doc)]
+use crate::crd::StanchRouteTableStatus;
 
 /// The field manager of everything stanch writes.
 pub const FIELD_MANAGER: &str = "stanch";
@@ -36,8 +40,25 @@ impl RouteTableWriter {
 
     /// Writes `table` unless it is the one last written: `true` when it wrote.
     pub async fn write(&mut self, table: &RouteTable) -> Result<bool, kube::Error> {
-        let id = (table.epoch.clone(), table.version);
-        if self.written.as_ref() == Some(&id) {
+        let json = serde_json::to_vec(table).expect("route tables serialize");
+        self.write_rendered(&table.epoch, table.version, &json)
+            .await
+    }
+
+    /// Writes the table of `epoch` and `version`, given as the JSON it was published
+    /// as (`Snapshot::json`), unless it is the one last written: the table (megabytes
+    /// with a large incident's alerts) is not cloned or serialized again.
+    pub async fn write_rendered(
+        &mut self,
+        epoch: &str,
+        version: u64,
+        json: &[u8],
+    ) -> Result<bool, kube::Error> {
+        if self
+            .written
+            .as_ref()
+            .is_some_and(|(e, v)| e == epoch && *v == version)
+        {
             return Ok(false);
         }
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -48,17 +69,35 @@ impl RouteTableWriter {
                 .patch(&self.name, &params, &Patch::Apply(&resource))
                 .await?;
         }
-        let status = StanchRouteTableStatus {
-            table: Some(table.clone()),
+        let table = std::str::from_utf8(json)
+            .ok()
+            .and_then(|text| RawValue::from_string(text.to_owned()).ok())
+            .expect("a published table is JSON");
+        let patch = StatusPatch {
+            api_version: "stanch.dev/v1alpha1",
+            kind: "StanchRouteTable",
+            status: RenderedStatus { table: &table },
         };
-        let patch = json!({"apiVersion": "stanch.dev/v1alpha1", "kind": "StanchRouteTable",
-                           "status": status});
         self.api
             .patch_status(&self.name, &params, &Patch::Apply(&patch))
             .await?;
-        self.written = Some(id);
+        self.written = Some((epoch.to_owned(), version));
         Ok(true)
     }
+}
+
+/// The status written: [`StanchRouteTableStatus`] with its table already JSON.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusPatch<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    status: RenderedStatus<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct RenderedStatus<'a> {
+    table: &'a RawValue,
 }
 
 /// The least time between two writes of the route-table resource: an alert storm
@@ -81,7 +120,8 @@ pub async fn follow_published(
         let mut failed = false;
         if controller.leadership().leads() {
             let published = controller.published();
-            if let Err(e) = writer.write(&published.table).await {
+            let (epoch, version) = (&published.table.epoch, published.table.version);
+            if let Err(e) = writer.write_rendered(epoch, version, &published.json).await {
                 tracing::warn!(error = %e, "cannot write the route-table resource; trying again");
                 failed = true;
             }

@@ -18,7 +18,14 @@ use tokio::time::Instant;
 use crate::process::client;
 
 const NS: &str = "monitoring";
-const LEASE: Duration = Duration::from_secs(3);
+/// The replicas' lease: 3 s, short so the tests are; `STANCH_HA_LEASE_SECS=15`
+/// measures with the default.
+fn lease() -> Duration {
+    std::env::var("STANCH_HA_LEASE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(3), Duration::from_secs)
+}
 
 struct Replica {
     identity: String,
@@ -41,7 +48,7 @@ impl Replica {
                 "--kubernetes-namespace",
                 NS,
             ])
-            .args(["--lease-duration", &format!("{}s", LEASE.as_secs())])
+            .args(["--lease-duration", &format!("{}s", lease().as_secs())])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", kubeconfig)
             .env_remove("KUBERNETES_SERVICE_HOST")
@@ -343,13 +350,14 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
 
     // kill -9 mid-incident: no chance to give the lease up.
     leader.signal("-9");
-    let failover = until_taken(&follower, 41, LEASE * 4);
+    let lease = lease();
+    let failover = until_taken(&follower, 41, lease * 4);
     acked.insert(format!("{:016x}", 41));
     eprintln!(
-        "kill -9 of the leader -> the follower taking writes: {failover:?} (lease {LEASE:?})"
+        "kill -9 of the leader -> the follower taking writes: {failover:?} (lease {lease:?})"
     );
     assert!(
-        failover <= LEASE + Duration::from_secs(2),
+        failover <= lease + Duration::from_secs(2),
         "failover took {failover:?}"
     );
     assert_eq!(holder(&api).as_deref(), Some(follower.identity.as_str()));
@@ -373,7 +381,7 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
         (next.get("/v1/routes") == table).then_some(())
     });
     follower.signal("-TERM");
-    let handover = until_taken(&next, 42, LEASE * 4);
+    let handover = until_taken(&next, 42, lease * 4);
     eprintln!("SIGTERM of the leader -> the next taking writes: {handover:?}");
     assert!(
         handover <= Duration::from_millis(1_500),
@@ -404,7 +412,7 @@ fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
 
     // Paused (a long GC, a frozen node) past its lease: the other takes over.
     paused.signal("-STOP");
-    until_taken(&other, 11, LEASE * 4);
+    until_taken(&other, 11, lease() * 4);
     acked.insert(format!("{:016x}", 11));
     paused.signal("-CONT");
 

@@ -50,21 +50,38 @@ impl Drop for Process {
     }
 }
 
-/// Starts `stanch serve` with `args`; ready once a webhook is taken (the leader took
-/// charge, for the Kubernetes store).
-async fn start(bin: &Path, args: &[&str], env: &[(&str, &Path)]) -> anyhow::Result<Process> {
+/// When a started process is ready.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ready {
+    /// It takes a webhook: a replica alone, or the leader once it took charge.
+    Webhook,
+    /// `/readyz` answers 200: a follower that has read the leader's state.
+    Readyz,
+}
+
+/// Starts `stanch serve` with `args` as replica `identity`, logging as shipped (the
+/// default `info` filter) to `logs/<identity>.log`.
+async fn start(
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+    identity: &str,
+    logs: &Path,
+    ready: Ready,
+) -> anyhow::Result<Process> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
+    let log = std::fs::File::create(logs.join(format!("{identity}.log")))?;
     let mut command = Command::new(bin);
     command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(args)
-        .env("RUST_LOG", "warn")
-        .env("POD_NAME", "stanch-bench-0")
+        .env_remove("RUST_LOG")
+        .env("POD_NAME", identity)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        .stderr(log);
     for (k, v) in env {
         command.env(k, v);
     }
@@ -78,18 +95,47 @@ async fn start(bin: &Path, args: &[&str], env: &[(&str, &Path)]) -> anyhow::Resu
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if let Ok(r) = http
-            .post(format!("{}/v1/alerts/alertmanager", process.base))
-            .body(toggling_webhook(0))
-            .send()
-            .await
-            && r.status().is_success()
-        {
+        let answered = match ready {
+            Ready::Webhook => {
+                http.post(format!("{}/v1/alerts/alertmanager", process.base))
+                    .body(toggling_webhook(0))
+                    .send()
+                    .await
+            }
+            Ready::Readyz => http.get(format!("{}/readyz", process.base)).send().await,
+        };
+        if answered.is_ok_and(|r| r.status().is_success()) {
             return Ok(process);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    bail!("stanch did not take a webhook within 30 s")
+    bail!("{identity} was not ready within 30 s")
+}
+
+/// How long after now `follower` serves the version `leader` serves.
+async fn convergence(leader: &str, follower: &str) -> anyhow::Result<Duration> {
+    let http = reqwest::Client::new();
+    let version = |base: String| {
+        let http = http.clone();
+        async move {
+            let t: Value = http
+                .get(format!("{base}/v1/routes"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            anyhow::Ok(t["version"].as_u64().unwrap_or(0))
+        }
+    };
+    let target = version(leader.to_owned()).await?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if version(follower.to_owned()).await? >= target {
+            return Ok(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("the follower did not reach version {target} within 30 s")
 }
 
 /// Webhook → new version visible, `rounds` times. Round 0 was the readiness check:
@@ -184,14 +230,30 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig, "monitoring")?;
     println!(
-        "stanch-bench cluster: {} with --store kubernetes against the fake API server (in process, loopback), and with the file store",
+        "stanch-bench cluster: {} with --store kubernetes (a leader and a follower) against the fake API server (in process, loopback), and with the file store; logs as shipped, to files",
         args.stanch.display()
     );
 
+    // As the chart ships it: two replicas, one leading; the follower reads the
+    // leader's writes all through. Logs as shipped, to files beside the kubeconfig.
+    let kube_env = [("KUBECONFIG", kubeconfig.as_path())];
+    let kube_args = ["--store", "kubernetes"];
     let cluster = start(
         &args.stanch,
-        &["--store", "kubernetes"],
-        &[("KUBECONFIG", kubeconfig.as_path())],
+        &kube_args,
+        &kube_env,
+        "stanch-0",
+        dir.path(),
+        Ready::Webhook,
+    )
+    .await?;
+    let follower = start(
+        &args.stanch,
+        &kube_args,
+        &kube_env,
+        "stanch-1",
+        dir.path(),
+        Ready::Readyz,
     )
     .await?;
     let samples = latency(&cluster.base, args.latency_rounds).await?;
@@ -208,6 +270,9 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         &args.stanch,
         &["--data-dir", &data.path().display().to_string()],
         &[],
+        "stanch-file",
+        dir.path(),
+        Ready::Webhook,
     )
     .await?;
     let samples = latency(&file.base, args.latency_rounds).await?;
@@ -244,6 +309,11 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     println!(
         "kubernetes store: API writes during the storm: {writes} ({:.1}/s: state object, snapshot shards, route-table resource)",
         writes as f64 / kube.seconds
+    );
+    let caught_up = convergence(&cluster.base, &follower.base).await?;
+    println!(
+        "kubernetes store: the follower served the leader's last version {} after the storm",
+        show(caught_up)
     );
     let files = storm(
         &file.base,

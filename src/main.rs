@@ -434,7 +434,7 @@ async fn run(
             let client = kube::Client::try_default().await.context(
                 "cannot reach the Kubernetes API (in-cluster configuration or KUBECONFIG)",
             )?;
-            let identity = std::env::var("HOSTNAME").unwrap_or_else(|_| "stanch".to_owned());
+            let identity = replica_identity();
             let mut adapter = stanch_kube::adapter::Adapter::new(
                 client,
                 k.namespace.clone(),

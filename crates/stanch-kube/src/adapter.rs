@@ -9,8 +9,9 @@
 //! it changed ([`crate::status::next`]), by server-side apply under field manager
 //! `stanch`. Every decision about a model with a policy in force (rung transitions,
 //! blocks, overrides) becomes an Event on that policy ([`crate::events::said`]), at most
-//! [`DECISION_EVENTS_PER_SECOND`]. Only the leader writes statuses and Events. Errors talking to the API server are logged and retried at the next
-//! change or version (the watcher backs off on its own); the policy in force stays.
+//! [`DECISION_EVENTS_PER_SECOND`]. Only the leader writes statuses and Events. Errors
+//! talking to the API server are logged and retried at the next change or version (the
+//! watcher backs off on its own); the policy in force stays.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -223,9 +224,12 @@ impl Adapter {
                     self.apply(controller, &listed).await;
                     self.write_statuses(controller, &listed).await;
                 }
-                _ = second.tick(), if self.deferred => {
-                    let listed: Vec<Arc<StanchPolicy>> = store.state();
-                    self.write_statuses(controller, &listed).await;
+                _ = second.tick(), if self.deferred || self.events_dropped > 0 => {
+                    self.report_drops();
+                    if self.deferred {
+                        let listed: Vec<Arc<StanchPolicy>> = store.state();
+                        self.write_statuses(controller, &listed).await;
+                    }
                 }
             }
         }
@@ -248,7 +252,7 @@ impl Adapter {
             }
         }
         for p in listed {
-            let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+            let key = key_of(p);
             let Some(outcome) = merged.outcomes.get(&key) else {
                 continue;
             };
@@ -281,11 +285,7 @@ impl Adapter {
             let in_force = listed.iter().find(|p| {
                 p.spec.model == model
                     && matches!(
-                        self.outcomes.get(&format!(
-                            "{}/{}",
-                            p.namespace().unwrap_or_default(),
-                            p.name_any()
-                        )),
+                        self.outcomes.get(&key_of(p)),
                         Some(Outcome::InForce | Outcome::ReplacesFile)
                     )
             });
@@ -295,14 +295,18 @@ impl Adapter {
                 self.events_dropped += 1;
                 continue;
             }
-            if self.events_dropped > 0 {
-                warn!(
-                    dropped = self.events_dropped,
-                    "decision Events dropped past {DECISION_EVENTS_PER_SECOND} a second (the history has them)"
-                );
-                self.events_dropped = 0;
-            }
             self.event(policy, said).await;
+        }
+    }
+
+    /// Says how many decision Events the budget dropped since it last said so.
+    fn report_drops(&mut self) {
+        if self.events_dropped > 0 {
+            warn!(
+                dropped = self.events_dropped,
+                "decision Events dropped past {DECISION_EVENTS_PER_SECOND} a second (the history has them)"
+            );
+            self.events_dropped = 0;
         }
     }
 
@@ -342,7 +346,7 @@ impl Adapter {
         }
         let published = controller.published();
         for p in listed {
-            let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+            let key = key_of(p);
             // Not merged yet (its list is still arriving): nothing to say of it.
             let Some(outcome) = self.outcomes.get(&key) else {
                 continue;
@@ -378,6 +382,11 @@ impl Adapter {
             }
         }
     }
+}
+
+/// A resource's key in the merge's outcomes.
+fn key_of(p: &StanchPolicy) -> String {
+    crate::merge::key(&p.namespace().unwrap_or_default(), &p.name_any())
 }
 
 /// A listed resource as the merge reads it.

@@ -147,12 +147,9 @@ impl Election {
         };
         match written {
             Ok(_) => Ok(None),
-            // Another replica wrote it first: it holds the lease now.
-            Err(RoundError::Api(kube::Error::Api(s))) if s.code == 409 => {
-                self.elector.lost();
-                self.end_term(None);
-                Ok(Some(String::new()))
-            }
+            // Another replica wrote it first: it holds the lease now (who, the next
+            // look says).
+            Err(RoundError::Api(kube::Error::Api(s))) if s.code == 409 => Ok(Some(String::new())),
             Err(e) => Err(e),
         }
     }

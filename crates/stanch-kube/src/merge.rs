@@ -43,10 +43,15 @@ pub struct Listed {
 }
 
 impl Listed {
-    /// `namespace/name`.
+    /// `namespace/name`, as [`key`] makes it.
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        key(&self.namespace, &self.name)
     }
+}
+
+/// A resource's key in [`Merged::outcomes`]: `namespace/name`.
+pub fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 /// What became of one resource.

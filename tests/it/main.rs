@@ -1,5 +1,6 @@
 //! Tests of the `stanch` binary as an operator runs it.
 
+mod chart;
 mod cli;
 mod drill;
 mod e2e;

@@ -70,6 +70,20 @@ struct Store {
     /// What each field manager last applied to each object (and subresource): the
     /// fields it applied then and leaves out now are removed.
     applied: BTreeMap<(Key, String, String), Value>,
+    /// Every kind of request served, as authorization sees it.
+    accesses: BTreeSet<Access>,
+}
+
+/// A request as Kubernetes' authorization sees it: what an RBAC rule must allow for it
+/// (`apiGroups`, `resources`, `verbs`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Access {
+    /// The API group: `""` for the core group.
+    pub group: String,
+    /// The plural, with its subresource as `stanchpolicies/status`.
+    pub resource: String,
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`.
+    pub verb: String,
 }
 
 type FaultPlan = Box<dyn FnMut(&str, &str) -> Option<WriteFault> + Send>;
@@ -193,6 +207,12 @@ impl FakeApiServer {
         self.changed.send_modify(|_| {});
     }
 
+    /// Every kind of request made so far (whether it succeeded or not), as RBAC rules
+    /// name them: what a Role must grant the client under test.
+    pub fn accesses(&self) -> BTreeSet<Access> {
+        lock(&self.store).accesses.clone()
+    }
+
     /// The store's current revision.
     pub fn revision(&self) -> u64 {
         lock(&self.store).revision
@@ -247,6 +267,35 @@ fn target(path: &str) -> Option<Target> {
     }
 }
 
+/// The verb authorization would check for a request, as the API server's request info
+/// names it.
+fn access(method: &Method, t: &Target, query: &BTreeMap<String, String>) -> Access {
+    let verb = match (method.as_str(), &t.name) {
+        ("GET", None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => "watch",
+        ("GET", None) => "list",
+        ("GET", Some(_)) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", None) => "deletecollection",
+        ("DELETE", Some(_)) => "delete",
+        (other, _) => other,
+    };
+    Access {
+        group: t
+            .prefix
+            .strip_prefix("apis/")
+            .and_then(|gv| gv.split('/').next())
+            .unwrap_or("")
+            .to_owned(),
+        resource: match &t.subresource {
+            Some(sub) => format!("{}/{sub}", t.plural),
+            None => t.plural.clone(),
+        },
+        verb: verb.to_ascii_lowercase(),
+    }
+}
+
 async fn handle(
     State(shared): State<Shared>,
     method: Method,
@@ -276,6 +325,9 @@ async fn handle(
             "",
         );
     };
+    lock(&shared.store)
+        .accesses
+        .insert(access(&method, &t, &query));
     let body: Option<Value> = if body.is_empty() {
         None
     } else {

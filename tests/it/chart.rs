@@ -916,3 +916,144 @@ fn walk(
     };
     rows.insert(path.to_owned(), (shown, description.replace('|', "\\|")));
 }
+
+/// The Role grants exactly what the controller asks of the API server: the controller
+/// runs with `--store kubernetes --kubernetes-policies` against an API server that
+/// records every request as authorization sees it (group, resource, verb), through
+/// everything it does there: taking the Lease, an incident (journal writes, a decision
+/// written as a policy status and an Event, the route table), a handover with its last
+/// snapshot, a restart that reads it back and clears what it replaces, and a state
+/// object found unreadable and moved aside. The set asked for and the set granted are
+/// equal: nothing missing, nothing spare.
+#[test]
+fn the_role_grants_exactly_what_the_controller_uses() {
+    use crate::ha::{Replica, eventually, holder, kubeconfig};
+    use std::time::Duration;
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let api = runtime.block_on(stanch_kube::fake::FakeApiServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(dir.path(), &api);
+    runtime.block_on(async {
+        let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+        let policies: kube::Api<stanch_kube::crd::StanchPolicy> = kube::Api::namespaced(client, NS);
+        let spec = serde_json::from_value(
+            json!({"model": "qwen-72b", "pools": [{"name": "dc-a"}, {"name": "dc-b"}], "faq": "default"}),
+        )
+        .unwrap();
+        policies
+            .create(
+                &Default::default(),
+                &stanch_kube::crd::StanchPolicy::new("qwen-72b", spec),
+            )
+            .await
+            .unwrap();
+    });
+    let config = dir.path().join("stanch.yaml");
+    std::fs::write(&config, "models:\n  qwen-14b: {pools: [dc-a]}\n").unwrap();
+    let args = [
+        "--kubernetes-policies",
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    let state = |api: &stanch_kube::fake::FakeApiServer| api.names("api/v1", "configmaps", NS);
+    let until_exit = |replica: &mut Replica| {
+        replica.signal("-TERM");
+        eventually(Duration::from_secs(20), "the replica exits", || {
+            replica.child.try_wait().unwrap()
+        });
+    };
+
+    for (round, alert) in [(0, 1), (1, 2)] {
+        let mut replica = Replica::start_with("stanch-0", &kubeconfig, &args);
+        eventually(Duration::from_secs(15), "the Lease taken", || {
+            (holder(&api).as_deref() == Some("stanch-0")).then_some(())
+        });
+        eventually(Duration::from_secs(10), "the alert taken", || {
+            replica
+                .post_alert(alert)
+                .status()
+                .is_success()
+                .then_some(())
+        });
+        eventually(
+            Duration::from_secs(10),
+            "the route table, status and Event",
+            || {
+                let table = api.object(
+                    "apis/stanch.dev/v1alpha1",
+                    "stanchroutetables",
+                    NS,
+                    "stanch",
+                )?;
+                let policy =
+                    api.object("apis/stanch.dev/v1alpha1", "stanchpolicies", NS, "qwen-72b")?;
+                (table["status"]["table"]["version"].as_u64()? > 1
+                    && policy["status"]["rung"].is_string()
+                    && !api.names("apis/events.k8s.io/v1", "events", NS).is_empty())
+                .then_some(())
+            },
+        );
+        until_exit(&mut replica);
+        assert!(state(&api).len() >= 2, "round {round}: {:?}", state(&api));
+    }
+    // An unreadable state object: moved aside, a new history begun.
+    runtime.block_on(async {
+        let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+        let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client, NS);
+        let mut object = maps.get("stanch-state").await.unwrap();
+        object.data = Some([("journal".to_owned(), "{not json".to_owned())].into());
+        maps.replace("stanch-state", &Default::default(), &object)
+            .await
+            .unwrap();
+    });
+    let mut replica = Replica::start_with("stanch-0", &kubeconfig, &args);
+    eventually(
+        Duration::from_secs(15),
+        "the unreadable state moved aside",
+        || {
+            state(&api)
+                .iter()
+                .any(|n| n.starts_with("stanch-state-unreadable-"))
+                .then_some(())
+        },
+    );
+    until_exit(&mut replica);
+
+    let asked: BTreeSet<(String, String, String)> = api
+        .accesses()
+        .into_iter()
+        .map(|a| (a.group, a.resource, a.verb))
+        .collect();
+    let objects = render(&["--set", "kubernetesPolicies.enabled=true"]);
+    let role = one(&objects, "Role", "stanch");
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for group in rule["apiGroups"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    granted.insert((
+                        group.as_str().unwrap().to_owned(),
+                        resource.as_str().unwrap().to_owned(),
+                        verb.as_str().unwrap().to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    // The test's own requests (creating the policy, corrupting the state) are not the
+    // controller's.
+    let test_only = BTreeSet::from([(
+        "stanch.dev".to_owned(),
+        "stanchpolicies".to_owned(),
+        "create".to_owned(),
+    )]);
+    let asked: BTreeSet<_> = asked.difference(&test_only).cloned().collect();
+    let missing: Vec<_> = asked.difference(&granted).collect();
+    let spare: Vec<_> = granted.difference(&asked).collect();
+    assert!(
+        missing.is_empty() && spare.is_empty(),
+        "missing from the Role: {missing:?}\nspare in the Role: {spare:?}"
+    );
+}

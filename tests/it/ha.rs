@@ -27,14 +27,19 @@ fn lease() -> Duration {
         .map_or(Duration::from_secs(3), Duration::from_secs)
 }
 
-struct Replica {
+pub(crate) struct Replica {
     identity: String,
-    child: Child,
-    base: String,
+    pub(crate) child: Child,
+    pub(crate) base: String,
 }
 
 impl Replica {
     fn start(identity: &str, kubeconfig: &Path) -> Replica {
+        Replica::start_with(identity, kubeconfig, &[])
+    }
+
+    /// A replica with more `stanch serve` arguments.
+    pub(crate) fn start_with(identity: &str, kubeconfig: &Path, extra: &[&str]) -> Replica {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -50,6 +55,7 @@ impl Replica {
             ])
             .args(["--lease-duration", &format!("{}s", lease().as_secs())])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("POD_NAME", identity)
@@ -95,7 +101,7 @@ impl Replica {
             .unwrap()
     }
 
-    fn post_alert(&self, n: u64) -> reqwest::blocking::Response {
+    pub(crate) fn post_alert(&self, n: u64) -> reqwest::blocking::Response {
         client()
             .post(format!("{}/v1/alerts/alertmanager", self.base))
             .bearer_auth("ing")
@@ -104,7 +110,7 @@ impl Replica {
             .unwrap()
     }
 
-    fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.child.id().to_string()])
             .status()
@@ -129,14 +135,14 @@ fn alert(n: u64) -> Value {
         "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z"}]})
 }
 
-fn kubeconfig(dir: &Path, api: &FakeApiServer) -> PathBuf {
+pub(crate) fn kubeconfig(dir: &Path, api: &FakeApiServer) -> PathBuf {
     let path = dir.join("kubeconfig");
     api.write_kubeconfig(&path, NS).unwrap();
     path
 }
 
 /// The Lease's holder, as stored.
-fn holder(api: &FakeApiServer) -> Option<String> {
+pub(crate) fn holder(api: &FakeApiServer) -> Option<String> {
     let lease = api.object("apis/coordination.k8s.io/v1", "leases", NS, "stanch")?;
     lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
 }
@@ -182,7 +188,11 @@ impl Cluster {
 }
 
 /// Waits until `check` holds, polling; panics with `what` past `within`.
-fn eventually<T>(within: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn eventually<T>(
+    within: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + within;
     loop {
         if let Some(v) = check() {

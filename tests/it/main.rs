@@ -5,6 +5,7 @@ mod cli;
 mod drill;
 mod e2e;
 mod ha;
+mod image;
 mod kubernetes;
 mod process;
 mod rules;

@@ -4,6 +4,7 @@
 //! and evaluates the rules of `rules/` (their windows and `for:` shortened so a test
 //! takes seconds); Alertmanager notifies stanch; stanch decides; the gateways follow.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -259,7 +260,8 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
     ));
     ready(&format!("http://127.0.0.1:{am_port}/-/ready")).await;
 
-    // Prometheus, scraping gateways and mocks every second, with the rules of rules/.
+    // Prometheus, scraping the controller, gateways and mocks every second, with the
+    // rules of rules/.
     std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
     let targets = |urls: Vec<&str>| {
         urls.iter()
@@ -271,7 +273,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
     let prom_config = format!(
         "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: ['{}']\n\
          alerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['127.0.0.1:{am_port}']}}]\n\
-         scrape_configs:\n  - job_name: stanch-gateway\n    static_configs: [{{targets: [{}]}}]\n  - job_name: vllm\n    static_configs: [{{targets: [{}]}}]\n",
+         scrape_configs:\n  - job_name: stanch\n    static_configs: [{{targets: ['127.0.0.1:{cport}']}}]\n  - job_name: stanch-gateway\n    static_configs: [{{targets: [{}]}}]\n  - job_name: vllm\n    static_configs: [{{targets: [{}]}}]\n",
         dir.path().join("rules.yml").display(),
         targets(gateways.iter().map(|(b, _)| b.as_str()).collect()),
         targets(mocks.iter().map(|(b, _)| b.as_str()).collect()),
@@ -322,7 +324,8 @@ impl Loop {
     /// Prometheus applies new scrape targets on a 5 s tick, so it has no data for the
     /// first seconds after it starts; a fault injected then is detected late.
     async fn scraped(&self, samples: u32) {
-        let targets = self.gateways.len() + self.mocks.len();
+        // The gateways, the mocks and the controller.
+        let targets = self.gateways.len() + self.mocks.len() + 1;
         let url = format!(
             "{}/api/v1/query?query=count_over_time(up[1m])",
             self.prometheus
@@ -1073,5 +1076,140 @@ async fn an_endpoint_one_replica_saw_failing_is_blocked_on_both() {
         load.failed.load(Ordering::Relaxed),
         0,
         "callers never saw the failure"
+    );
+}
+
+/// Every expression of the Grafana dashboard the chart ships
+/// (`charts/stanch/files/dashboard.json`) returns data from a real Prometheus scraping
+/// the controller and the gateways through an incident (a datacenter failing over, an
+/// endpoint blocked by hand), with the rules of `rules/` loaded; and every metric it
+/// names is one Prometheus has seen (its metadata) or a recording rule it evaluates, so
+/// no panel is empty because of a typo, including those that fall back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_query_returns_data_in_an_incident() {
+    let dashboard: Value =
+        serde_json::from_str(include_str!("../../charts/stanch/files/dashboard.json")).unwrap();
+    let mut exprs: Vec<(String, String)> = vec![];
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push((
+                panel["title"].as_str().unwrap().to_owned(),
+                target["expr"].as_str().unwrap().to_owned(),
+            ));
+        }
+    }
+    assert!(exprs.len() >= 20, "{} expressions", exprs.len());
+    let variable = dashboard["templating"]["list"][1]["query"]["query"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let lp = closed_loop().await;
+    let timeline = Arc::new(Timeline::new());
+    let _load = traffic(&lp.gateways, timeline.clone());
+    let gateways = lp.following().await;
+    lp.scraped(3).await;
+    set_fault(&lp.mocks[0].1, json!({"kind": "status", "status": 503}));
+    until(Duration::from_secs(45), || {
+        gateways
+            .iter()
+            .all(|g| rung(g, "qwen-72b").is_some_and(|(r, _, _)| r == "failover"))
+    })
+    .await
+    .expect("the incident: qwen-72b fails over");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let blocked = http
+        .post(format!("{}/v1/admin/block", lp.controller))
+        .json(&json!({"endpoint": "10.9.9.9:8000", "reason": "dashboard test", "ttl": "10m"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(blocked.status().is_success(), "{:?}", blocked.text().await);
+    // The decisions and the block scraped a few times over.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let query = |q: String| {
+        let http = http.clone();
+        let url = format!("{}/api/v1/query", lp.prometheus);
+        async move {
+            let v: Value = http
+                .get(url)
+                .query(&[("query", q.as_str())])
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v
+        }
+    };
+    // The model variable lists the models.
+    let label = variable
+        .strip_prefix("label_values(")
+        .and_then(|v| v.strip_suffix(", model)"))
+        .expect("label_values(metric, model)");
+    let models = query(format!("count by (model) ({label})")).await;
+    assert!(
+        models["data"]["result"].as_array().unwrap().len() >= 2,
+        "{models}"
+    );
+
+    let metadata: Value = http
+        .get(format!("{}/api/v1/metadata", lp.prometheus))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let known: BTreeSet<String> = metadata["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let rules: Value = http
+        .get(format!("{}/api/v1/rules", lp.prometheus))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let recorded: BTreeSet<String> = rules["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter(|r| r["type"] == "recording")
+        .map(|r| r["name"].as_str().unwrap().to_owned())
+        .collect();
+    let names = regex::Regex::new(r"stanch[a-z0-9_:]*").unwrap();
+    let mut empty = vec![];
+    for (title, expr) in &exprs {
+        for name in names.find_iter(expr).map(|m| m.as_str()) {
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            assert!(
+                known.contains(name) || known.contains(family) || recorded.contains(name),
+                "{title}: {name} is no metric Prometheus has seen nor a recording rule"
+            );
+        }
+        let q = expr
+            .replace("$__rate_interval", "1m")
+            .replace("$model", ".*");
+        let v = query(q.clone()).await;
+        assert_eq!(v["status"], "success", "{title}: {q}: {v}");
+        if v["data"]["result"].as_array().is_none_or(|r| r.is_empty()) {
+            empty.push(format!("{title}: {q}"));
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "panels without data:\n{}",
+        empty.join("\n")
     );
 }

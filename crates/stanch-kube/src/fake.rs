@@ -22,6 +22,10 @@
 //!   `410 Expired` Status, as after etcd's compaction ([`FakeApiServer::compact`]);
 //! - a write can be failed on purpose ([`FakeApiServer::plan_faults`]): refused, or
 //!   stored and answered `504 Timeout` as when etcd is slow to confirm.
+//! - every request is recorded as authorization sees it, group, resource (with its
+//!   subresource) and verb ([`FakeApiServer::accesses`]), so that a test can compare
+//!   what a client asks for with the RBAC rules granted to it (RBAC itself is not
+//!   enforced).
 //!
 //! Where it simplifies: compaction expires every watch that has not seen the newest
 //! revision (as a watch fallen behind etcd's compaction is), where a real API server's

@@ -8,6 +8,10 @@ pub const APPLIED_VERSION: &str = "x-stanch-applied-version";
 pub const REJECTED_VERSION: &str = "x-stanch-rejected-version";
 /// Sent by a gateway with [`REJECTED_VERSION`]: why it failed to apply it.
 pub const REJECTED_REASON: &str = "x-stanch-rejected-reason";
+/// On SSE route streams: the controller's heartbeat interval, in milliseconds. A
+/// watcher that hears nothing (no event, no heartbeat) for two of them takes the
+/// connection for dead and opens another.
+pub const HEARTBEAT: &str = "x-stanch-heartbeat";
 /// On every route response: the route table's epoch.
 pub const EPOCH: &str = "x-stanch-epoch";
 /// On every route response and every gateway response: the route table version.

@@ -54,8 +54,13 @@ pub struct WatchConfig {
     pub state_file: Option<PathBuf>,
     /// SSE or long-poll.
     pub transport: Transport,
-    /// The long-poll wait to ask for.
+    /// The long-poll wait to ask for. A long-poll unanswered past it plus as much
+    /// again (at most [`LONG_POLL_GRACE`]) is dropped and asked again.
     pub long_poll_wait: Duration,
+    /// The SSE heartbeat interval to expect when the controller does not say
+    /// ([`stanch_api::headers::HEARTBEAT`]): a stream silent for two intervals is
+    /// dropped and opened again.
+    pub heartbeat: Duration,
     /// Reconnect backoff: first delay.
     pub backoff_min: Duration,
     /// Reconnect backoff: cap.
@@ -74,6 +79,7 @@ impl WatchConfig {
             state_file: None,
             transport: Transport::Auto,
             long_poll_wait: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(15),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
             ca_pem: None,
@@ -152,7 +158,21 @@ enum WatchError {
     Table(String),
     #[error("the stream ended")]
     Ended,
+    #[error("the controller was silent for {0:?}: the connection is taken for dead")]
+    Silent(Duration),
 }
+
+/// The most a long-poll may go unanswered past its wait before it is dropped.
+pub const LONG_POLL_GRACE: Duration = Duration::from_secs(10);
+
+/// The longest SSE event (one route table) read; a longer one is refused.
+const MAX_EVENT_BYTES: usize = 32 << 20;
+
+/// The shortest and longest heartbeat interval a controller's header is believed
+/// for: a watcher neither drops a healthy stream every few milliseconds nor waits
+/// hours on a dead one.
+const HEARTBEAT_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(600));
 
 struct Watcher {
     config: WatchConfig,
@@ -347,6 +367,12 @@ impl Watcher {
                     use_sse = false;
                     continue;
                 }
+                // A connection that went quiet was a working one: open the next at
+                // once (it may reach another replica); if that fails, back off.
+                Err(e @ WatchError::Silent(_)) => {
+                    warn!(error = %e, "route watch silent; reconnecting, the gateway keeps its current table");
+                    backoff = self.config.backoff_min;
+                }
                 Err(e) => {
                     let wait = jitter(backoff);
                     warn!(error = %e, retry_in = ?wait, "route watch interrupted; the gateway keeps its current table");
@@ -414,14 +440,14 @@ impl Watcher {
         let wait = self.config.long_poll_wait;
         let response = self
             .request(self.poll_url(wait))
-            .timeout(wait + Duration::from_secs(10))
+            .timeout(wait + wait.min(LONG_POLL_GRACE))
             .send()
             .await?;
         match response.status() {
             reqwest::StatusCode::OK => {
                 let bytes = response.bytes().await?;
                 if !self.receive(&bytes)? && self.applier.rejected.is_some() {
-                    self.acknowledge().await;
+                    self.acknowledge(wait).await;
                 }
                 Ok(())
             }
@@ -430,11 +456,12 @@ impl Watcher {
         }
     }
 
-    /// Tells the controller what is applied (a long-poll that does not wait).
-    async fn acknowledge(&self) {
+    /// Tells the controller what is applied (a long-poll that does not wait), giving
+    /// up after `within`: a controller gone silent must not hold the watch up.
+    async fn acknowledge(&self, within: Duration) {
         let _ = self
             .request(self.poll_url(Duration::ZERO))
-            .timeout(Duration::from_secs(5))
+            .timeout(within.min(Duration::from_secs(5)))
             .send()
             .await;
     }
@@ -444,12 +471,27 @@ impl Watcher {
         if let Some(t) = self.applier.current.load().as_ref() {
             req = req.header("last-event-id", t.version);
         }
-        let response = req.send().await?;
+        // Until the controller says its interval, the configured one bounds the wait
+        // for its answer.
+        let expected = 2 * self.config.heartbeat;
+        let response = tokio::time::timeout(expected, req.send())
+            .await
+            .map_err(|_| WatchError::Silent(expected))??;
         if !response.status().is_success() {
             return Err(WatchError::Status(response.status()));
         }
+        let silence = 2 * response
+            .headers()
+            .get(stanch_api::headers::HEARTBEAT)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .map_or(self.config.heartbeat, |d| {
+                d.clamp(HEARTBEAT_BOUNDS.0, HEARTBEAT_BOUNDS.1)
+            });
         let mut body = response.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
+        // Silence counts from the last bytes heard, acknowledgements included.
+        let mut heard = tokio::time::Instant::now();
         loop {
             while let Some(end) = find(&buf, b"\n\n") {
                 let event: Vec<u8> = buf.drain(..end + 2).collect();
@@ -463,12 +505,22 @@ impl Watcher {
                     continue; // A heartbeat or a comment.
                 }
                 self.receive(data.as_bytes())?;
-                self.acknowledge().await;
+                let left = (heard + silence).saturating_duration_since(tokio::time::Instant::now());
+                self.acknowledge(left).await;
             }
-            match body.next().await {
-                Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
-                Some(Err(e)) => return Err(e.into()),
-                None => return Err(WatchError::Ended),
+            match tokio::time::timeout_at(heard + silence, body.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    heard = tokio::time::Instant::now();
+                    buf.extend_from_slice(&chunk);
+                    if buf.len() > MAX_EVENT_BYTES {
+                        return Err(WatchError::Table(format!(
+                            "an event longer than {MAX_EVENT_BYTES} bytes"
+                        )));
+                    }
+                }
+                Ok(Some(Err(e))) => return Err(e.into()),
+                Ok(None) => return Err(WatchError::Ended),
+                Err(_) => return Err(WatchError::Silent(silence)),
             }
         }
     }

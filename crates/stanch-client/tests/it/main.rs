@@ -365,3 +365,171 @@ async fn a_gateway_follows_the_route_table_resource_by_the_watchs_rules() {
     assert_eq!(routes.current().unwrap().version, version);
     assert!(state_file.exists());
 }
+
+/// A server for the silence tests: `/v1/routes/stream` sends `table` once (with the
+/// heartbeat header when given) and then nothing, keeping the connection open;
+/// `/v1/routes` never answers. Returns its URL and when each request arrived.
+async fn silent_server(
+    table: String,
+    heartbeat_ms: Option<u64>,
+) -> (
+    String,
+    Arc<std::sync::Mutex<Vec<(&'static str, tokio::time::Instant)>>>,
+) {
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use futures_util::StreamExt;
+    type Seen = Arc<std::sync::Mutex<Vec<(&'static str, tokio::time::Instant)>>>;
+    let seen: Seen = Arc::default();
+    let (s1, s2) = (seen.clone(), seen.clone());
+    let app = axum::Router::new()
+        .route(
+            "/v1/routes/stream",
+            get(move || {
+                let seen = s1.clone();
+                let table = table.clone();
+                async move {
+                    seen.lock()
+                        .unwrap()
+                        .push(("sse", tokio::time::Instant::now()));
+                    let event = format!("data: {table}\n\n");
+                    let body =
+                        futures_util::stream::once(async move { Ok::<_, std::io::Error>(event) })
+                            .chain(futures_util::stream::pending());
+                    let mut response = axum::body::Body::from_stream(body).into_response();
+                    let h = response.headers_mut();
+                    h.insert("content-type", "text/event-stream".parse().unwrap());
+                    if let Some(ms) = heartbeat_ms {
+                        h.insert("x-stanch-heartbeat", ms.into());
+                    }
+                    response
+                }
+            }),
+        )
+        .route(
+            "/v1/routes",
+            get(move || {
+                let seen = s2.clone();
+                async move {
+                    seen.lock()
+                        .unwrap()
+                        .push(("poll", tokio::time::Instant::now()));
+                    std::future::pending::<()>().await;
+                    ""
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+/// The gaps between the requests of one kind.
+fn gaps(
+    seen: &std::sync::Mutex<Vec<(&'static str, tokio::time::Instant)>>,
+    kind: &str,
+) -> Vec<Duration> {
+    let at: Vec<tokio::time::Instant> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k == kind)
+        .map(|(_, t)| *t)
+        .collect();
+    at.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// The controller says how often it sends heartbeats on the stream.
+#[tokio::test]
+async fn the_controller_says_its_heartbeat_interval() {
+    let (_controller, url) = controller().await;
+    let response = reqwest::Client::new()
+        .get(format!("{url}/v1/routes/stream"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-stanch-heartbeat"], "15000");
+}
+
+/// A stream that stops delivering (no event, no heartbeat: a partition, a frozen
+/// controller, a proxy holding the connection) is dropped after two of the intervals
+/// the controller said, and opened again at once; the table stays applied meanwhile.
+#[tokio::test]
+async fn a_silent_stream_is_dropped_and_reopened_within_two_heartbeats() {
+    let (_controller, real) = controller().await;
+    let table = reqwest::get(format!("{real}/v1/routes"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (url, seen) = silent_server(table, Some(200)).await;
+    let mut config = WatchConfig::new(&url, "gw-silent");
+    config.transport = Transport::Sse;
+    let (routes, task) = stanch_client::start(config, None);
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    task.abort();
+    let gaps = gaps(&seen, "sse");
+    assert!(gaps.len() >= 2, "{gaps:?}: the silent stream was kept");
+    for gap in &gaps {
+        assert!(
+            *gap >= Duration::from_millis(390) && *gap <= Duration::from_millis(900),
+            "{gaps:?}: each stream is dropped after two 200 ms heartbeats and reopened at once"
+        );
+    }
+    assert!(routes.current().is_some(), "the table stays applied");
+}
+
+/// Without the controller's word (an older controller, a proxy that drops the
+/// header), the configured interval is expected; a controller that accepts the
+/// connection and never answers is left just the same.
+#[tokio::test]
+async fn a_controller_that_never_answers_is_left_after_two_configured_heartbeats() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = vec![];
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            a.lock().unwrap().push(tokio::time::Instant::now());
+            held.push(socket); // Read nothing, answer nothing.
+        }
+    });
+    let mut config = WatchConfig::new(&url, "gw-unanswered");
+    config.transport = Transport::Sse;
+    config.heartbeat = Duration::from_millis(150);
+    let (_routes, task) = stanch_client::start(config, None);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    task.abort();
+    let at = accepted.lock().unwrap().clone();
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.len() >= 2, "{gaps:?}");
+    assert!(
+        gaps.iter()
+            .all(|g| *g >= Duration::from_millis(290) && *g <= Duration::from_millis(800)),
+        "{gaps:?}: two 150 ms heartbeats, then the next connection"
+    );
+}
+
+/// A long-poll unanswered past its wait and as much again is dropped and asked again.
+#[tokio::test]
+async fn an_unanswered_long_poll_is_asked_again_after_twice_its_wait() {
+    let (url, seen) = silent_server(String::new(), None).await;
+    let mut config = WatchConfig::new(&url, "gw-poll");
+    config.transport = Transport::LongPoll;
+    config.long_poll_wait = Duration::from_millis(250);
+    let (_routes, task) = stanch_client::start(config, None);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    task.abort();
+    let gaps = gaps(&seen, "poll");
+    assert!(gaps.len() >= 2, "{gaps:?}");
+    // 2 × 250 ms, then the reconnect backoff (200 ms at first, ±20 %, doubling).
+    assert!(
+        gaps.iter()
+            .all(|g| *g >= Duration::from_millis(490) && *g <= Duration::from_millis(1400)),
+        "{gaps:?}"
+    );
+}

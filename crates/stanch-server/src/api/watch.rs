@@ -166,6 +166,11 @@ pub(super) async fn stream(
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Tell nginx-style proxies not to buffer the stream.
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    // How often the watcher hears from us, so it can tell a dead connection.
+    h.insert(
+        stanch_api::headers::HEARTBEAT,
+        HeaderValue::from(heartbeat.as_millis().min(u128::from(u64::MAX)) as u64),
+    );
     Ok(response)
 }
 

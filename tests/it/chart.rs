@@ -467,33 +467,29 @@ fn tokens_are_files_of_the_secret_and_appear_nowhere_else() {
 }
 
 fn b64(s: &str) -> String {
-    let out = Command::new("base64")
-        .arg("-w0")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(s.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap()
+    base64(&["-w0"], s)
 }
 
 fn unb64(s: &str) -> String {
-    let out = Command::new("base64")
-        .arg("-d")
+    base64(&["-d"], s)
+}
+
+/// coreutils' `base64` with `args` over `input`: the encoding Kubernetes uses.
+fn base64(args: &[&str], input: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("base64")
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(s.as_bytes())?;
-            c.wait_with_output()
-        })
         .unwrap();
-    String::from_utf8(out.stdout).unwrap()
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
 }
 
 /// A configuration file the chart writes, parsed.

@@ -1155,28 +1155,18 @@ async fn every_dashboard_query_returns_data_in_an_incident() {
         "{models}"
     );
 
-    let metadata: Value = http
-        .get(format!("{}/api/v1/metadata", lp.prometheus))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let api = |path: &'static str| {
+        let request = http.get(format!("{}/api/v1/{path}", lp.prometheus));
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let metadata = api("metadata").await;
     let known: BTreeSet<String> = metadata["data"]
         .as_object()
         .unwrap()
         .keys()
         .cloned()
         .collect();
-    let rules: Value = http
-        .get(format!("{}/api/v1/rules", lp.prometheus))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let rules = api("rules").await;
     let recorded: BTreeSet<String> = rules["data"]["groups"]
         .as_array()
         .unwrap()

@@ -32,7 +32,7 @@ fn bin(names: &[&str]) -> PathBuf {
     panic!("{} not found: run scripts/install-test-deps.sh", names[0]);
 }
 
-fn port() -> u16 {
+pub(crate) fn port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -169,14 +169,9 @@ fn pod_of(objects: &[Value], deployment: &str) -> Pod {
                 let encoded = secret["data"][item["key"].as_str().unwrap()]
                     .as_str()
                     .unwrap();
-                let decoded = Command::new("sh")
-                    .args(["-c", &format!("printf %s '{encoded}' | base64 -d")])
-                    .output()
-                    .unwrap()
-                    .stdout;
                 files.push((
                     format!("{at}/{}", item["path"].as_str().unwrap()),
-                    String::from_utf8(decoded).unwrap(),
+                    crate::chart::unb64(encoded),
                 ));
             }
         }
@@ -201,14 +196,6 @@ fn pod_of(objects: &[Value], deployment: &str) -> Pod {
             .to_owned(),
         scratch,
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs `pod` from `image` as the chart's pod runs: its user, a read-only root, no
@@ -298,22 +285,12 @@ fn process_facts(container: &Container) -> (String, bool, String) {
     );
     let pid = pid.trim();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let uid = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .unwrap()
-        .split_whitespace()
-        .nth(2)
-        .unwrap()
-        .to_owned();
-    let caps = status
-        .lines()
-        .find(|l| l.starts_with("CapEff:"))
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .to_owned();
+    let field = |name: &str, at: usize| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(at).unwrap().to_owned()
+    };
+    // Uid: real, effective, saved, filesystem; CapEff: the effective set.
+    let (uid, caps) = (field("Uid:", 2), field("CapEff:", 1));
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     let root = mounts
         .lines()
@@ -402,7 +379,7 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
     // The chart's pods, with the gateway, their files and arguments.
     let objects = render(&["-f", &format!("{CHART}/examples/with-gateway.yaml")]);
     let mut controller = pod_of(&objects, "stanch");
-    let port = free_port();
+    let port = crate::e2e::port();
     for a in &mut controller.args {
         if a.starts_with("--listen=") {
             *a = format!("--listen=127.0.0.1:{port}");
@@ -466,7 +443,7 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
 
     // The gateway, watching the controller (at its loopback port here).
     let mut gateway = pod_of(&objects, "stanch-gateway");
-    let gport = free_port();
+    let gport = crate::e2e::port();
     for a in &mut gateway.args {
         if a.starts_with("--listen=") {
             *a = format!("--listen=127.0.0.1:{gport}");

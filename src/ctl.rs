@@ -55,6 +55,14 @@ enum Output {
     Json,
 }
 
+/// A watch transport, as `stanch ctl watch --transport` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WatchVia {
+    Sse,
+    LongPoll,
+    Grpc,
+}
+
 #[derive(Debug, Subcommand)]
 enum CtlCmd {
     /// Models, blocks, overrides and gateways at a glance.
@@ -70,6 +78,18 @@ enum CtlCmd {
     },
     /// The published route table.
     Routes,
+    /// Follow the route table as a gateway does, printing each version as it arrives.
+    Watch {
+        /// How: sse, long-poll or grpc.
+        #[arg(long, value_enum, default_value = "sse")]
+        transport: WatchVia,
+        /// The identity to watch as (status lists it among the gateways).
+        #[arg(long, default_value = "stanch-ctl")]
+        id: String,
+        /// Stop after this many versions (default: follow until interrupted).
+        #[arg(long)]
+        count: Option<usize>,
+    },
     /// Pin a model to a rung.
     Force {
         model: String,
@@ -188,6 +208,18 @@ pub fn run(args: CtlArgs) -> ExitCode {
         );
         return finish(read);
     }
+    let token = args
+        .token
+        .or_else(|| std::env::var("STANCH_ADMIN_TOKEN").ok())
+        .filter(|t| !t.is_empty());
+    if let CtlCmd::Watch {
+        transport,
+        id,
+        count,
+    } = args.command
+    {
+        return watch(&args.server, token, transport, &id, count, args.output);
+    }
     let http = match reqwest::blocking::Client::builder()
         .timeout(std::time::Duration::from_secs(15))
         .build()
@@ -198,16 +230,77 @@ pub fn run(args: CtlArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let token = args
-        .token
-        .or_else(|| std::env::var("STANCH_ADMIN_TOKEN").ok())
-        .filter(|t| !t.is_empty());
     let client = Client {
         http,
         base: args.server.trim_end_matches('/').to_owned(),
         token,
     };
     finish(execute(&client, args.command, args.output))
+}
+
+/// `stanch ctl watch`: one line per version applied (the table itself with `-o json`,
+/// one per line), until `count` versions or an interrupt. A table the controller
+/// serves is applied whatever it holds: there is no gateway here to refuse it.
+fn watch(
+    server: &str,
+    token: Option<String>,
+    via: WatchVia,
+    id: &str,
+    count: Option<usize>,
+    output: Output,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut config = stanch_client::WatchConfig::new(server, id);
+    config.token = token.map(secrecy::SecretString::from);
+    config.transport = match via {
+        WatchVia::Sse => stanch_client::Transport::Sse,
+        WatchVia::LongPoll => stanch_client::Transport::LongPoll,
+        WatchVia::Grpc => stanch_client::Transport::Grpc,
+    };
+    let name = match via {
+        WatchVia::Sse => "sse",
+        WatchVia::LongPoll => "long-poll",
+        WatchVia::Grpc => "grpc",
+    };
+    runtime.block_on(async {
+        let (mut routes, _task) = stanch_client::start(config, None);
+        let mut seen = 0;
+        let mut version = 0;
+        let interrupted = stanch_server::net::shutdown_signal();
+        tokio::pin!(interrupted);
+        while count.is_none_or(|n| seen < n) {
+            let table = tokio::select! {
+                t = routes.changed_from(version) => t,
+                () = &mut interrupted => break,
+            };
+            let Some(table) = table else { break };
+            version = table.version;
+            seen += 1;
+            let line = match output {
+                Output::Json => serde_json::to_string(&*table).unwrap_or_default(),
+                Output::Table => format!(
+                    "{} version {} epoch {} hash {} via {name}: {} model(s), {} blocked",
+                    table.generated_at,
+                    table.version,
+                    table.epoch,
+                    table.hash,
+                    table.models.len(),
+                    table.blocked.len()
+                ),
+            };
+            println!("{line}");
+        }
+        ExitCode::SUCCESS
+    })
 }
 
 /// Prints what a command made, or why it failed.
@@ -265,6 +358,8 @@ fn execute(client: &Client, command: CtlCmd, output: Output) -> Result<String, S
                 render_history(&entries)
             })
         }
+        // Follows the watch rather than asking once: `run` sends it to `watch`.
+        CtlCmd::Watch { .. } => Err("watch follows the route table with its own client".into()),
         CtlCmd::Routes => {
             let t: RouteTable = client.get("/v1/routes")?;
             Ok(if output == Output::Json {
@@ -485,20 +580,40 @@ fn render_status(s: &StatusReport) -> String {
             .gateways
             .iter()
             .map(|g| {
+                let state = if g.stale {
+                    "STALE"
+                } else if g.converged {
+                    "converged"
+                } else {
+                    "BEHIND"
+                };
                 vec![
                     g.id.clone(),
+                    g.transport.as_str().to_owned(),
                     g.applied_version.map_or("-".into(), |v| v.to_string()),
-                    if g.converged {
-                        "yes".into()
+                    g.lag.map_or("-".into(), |l| l.to_string()),
+                    state.to_owned(),
+                    if g.connected {
+                        "connected".into()
                     } else {
-                        "NO".into()
+                        format!("{}s ago", g.age_seconds)
                     },
-                    format!("{}s", g.age_seconds),
+                    g.rejected
+                        .as_ref()
+                        .map_or("-".into(), |(v, why)| format!("v{v}: {why}")),
                 ]
             })
             .collect();
         out.push_str(&table(
-            &["GATEWAY", "APPLIED", "CONVERGED", "LAST SEEN"],
+            &[
+                "GATEWAY",
+                "TRANSPORT",
+                "APPLIED",
+                "LAG",
+                "STATE",
+                "LAST SEEN",
+                "LAST NACK",
+            ],
             &rows,
         ));
     }

@@ -206,7 +206,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
     let controller_proc = start_controller(dir.path(), cport);
     ready(&format!("{controller}/readyz")).await;
 
-    // Two gateway replicas following it.
+    // Two gateway replicas following it, one by SSE, one by the gRPC stream.
     let gateway_yaml = format!(
         "models:\n  qwen-72b:\n    faq: default\n    fallbacks: [qwen-14b]\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n  qwen-14b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n\
          faq_sets:\n  default: {{default_answer: 'We are busy; please try again shortly.'}}\n\
@@ -216,12 +216,14 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
         mocks[0].0, mocks[1].0, mocks[2].0
     );
     let mut gateways = Vec::new();
-    for id in ["gw-1", "gw-2"] {
+    for (id, transport) in [
+        ("gw-1", stanch_client::Transport::Sse),
+        ("gw-2", stanch_client::Transport::Grpc),
+    ] {
         let config = GatewayConfig::from_yaml(&gateway_yaml).unwrap();
-        let (routes, _) = stanch_client::start(
-            stanch_client::WatchConfig::new(&controller, id),
-            Some(Gateway::validator(&config)),
-        );
+        let mut watch = stanch_client::WatchConfig::new(&controller, id);
+        watch.transport = transport;
+        let (routes, _) = stanch_client::start(watch, Some(Gateway::validator(&config)));
         let gw = Arc::new(Gateway::new(config, Some(routes), Arc::new(SystemClock)).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -498,6 +500,31 @@ async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
         load.failed.load(Ordering::Relaxed),
         0,
         "callers never saw the failure: gateways retried elsewhere"
+    );
+    // The controller knows both applied the decision, each over its own transport.
+    let mut converged = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while converged.is_none() && Instant::now() < deadline {
+        let url = format!("{}/v1/status", lp.controller);
+        let status: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+        let gateways = status["gateways"].as_array().cloned().unwrap_or_default();
+        let holds = |id: &str, transport: &str| {
+            gateways.iter().any(|g| {
+                g["id"] == id
+                    && g["transport"] == transport
+                    && g["converged"] == true
+                    && g["connected"] == true
+            })
+        };
+        if holds("gw-1", "sse") && holds("gw-2", "grpc") {
+            converged = Some(status);
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(
+        converged.is_some(),
+        "both gateways acknowledged over SSE and gRPC"
     );
 }
 

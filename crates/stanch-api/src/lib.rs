@@ -14,6 +14,7 @@ pub mod hash;
 pub mod headers;
 pub mod jitter;
 pub mod labels;
+pub mod proto;
 pub mod reports;
 pub mod routes;
 pub mod status;

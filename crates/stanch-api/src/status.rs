@@ -113,14 +113,55 @@ pub struct BlockStatus {
     pub reason: String,
 }
 
+/// How a gateway follows the route table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchTransport {
+    /// Plain `GET /v1/routes`, no wait.
+    Poll,
+    /// `GET /v1/routes?after=V&wait=…`.
+    LongPoll,
+    /// `GET /v1/routes/stream`.
+    Sse,
+    /// The gRPC `WatchRoutes` stream.
+    Grpc,
+}
+
+impl WatchTransport {
+    /// Every transport.
+    pub const ALL: [WatchTransport; 4] = [
+        WatchTransport::Poll,
+        WatchTransport::LongPoll,
+        WatchTransport::Sse,
+        WatchTransport::Grpc,
+    ];
+
+    /// The wire name (`poll`, `long_poll`, `sse`, `grpc`), also the metrics label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WatchTransport::Poll => "poll",
+            WatchTransport::LongPoll => "long_poll",
+            WatchTransport::Sse => "sse",
+            WatchTransport::Grpc => "grpc",
+        }
+    }
+}
+
 /// A gateway's view of the route table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GatewayStatus {
-    /// Its `X-Stanch-Gateway` identity.
+    /// Its identity (`X-Stanch-Gateway`, or the gRPC `Hello`).
     pub id: String,
+    /// How it watches: the transport of its open stream, else of its last request.
+    pub transport: WatchTransport,
+    /// True while it holds a watch open (an SSE or gRPC stream, a long-poll waiting).
+    pub connected: bool,
     /// The version it last said it applied.
     pub applied_version: Option<u64>,
-    /// A version it said it could not apply, with why.
+    /// How many versions its applied one is behind the published one (`None` before it
+    /// says it applied any).
+    pub lag: Option<u64>,
+    /// The last version it said it could not apply (NACK), with why.
     pub rejected: Option<(u64, String)>,
     /// When it was last heard from.
     pub last_seen: Timestamp,
@@ -128,6 +169,9 @@ pub struct GatewayStatus {
     pub age_seconds: u64,
     /// True when its applied version is the published one.
     pub converged: bool,
+    /// True when it holds no watch open and has not been heard from for the stale
+    /// deadline: it may be gone, or cut off from the controller.
+    pub stale: bool,
 }
 
 /// Counts of active alerts.

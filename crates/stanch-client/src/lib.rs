@@ -1,6 +1,6 @@
 //! stanch-client: follows a stanch controller's route table for a gateway.
 //!
-//! Owns: the watch (SSE, falling back to long-poll), reconnecting with jittered
+//! Owns: the watch (SSE, falling back to long-poll, or gRPC), reconnecting with jittered
 //! backoff, acknowledging applied versions and refusing ones the gateway cannot apply,
 //! and the last-known-good table on disk, so a restarted gateway routes correctly while
 //! the controller is down. Does not own: applying the table to requests, or lease
@@ -12,6 +12,7 @@
 //! through the Kubernetes API instead, by the same rules; without it, nothing of kube
 //! is linked.
 
+mod grpc;
 #[cfg(feature = "kubernetes")]
 mod resource;
 
@@ -39,6 +40,8 @@ pub enum Transport {
     Sse,
     /// Only long-poll.
     LongPoll,
+    /// The gRPC `WatchRoutes` stream, with an Ack or Nack for every table.
+    Grpc,
 }
 
 /// Watch settings.
@@ -52,14 +55,14 @@ pub struct WatchConfig {
     pub gateway_id: String,
     /// Where the last-known-good table is kept; `None` keeps nothing.
     pub state_file: Option<PathBuf>,
-    /// SSE or long-poll.
+    /// SSE, long-poll or gRPC.
     pub transport: Transport,
     /// The long-poll wait to ask for. A long-poll unanswered past it plus as much
     /// again (at most [`LONG_POLL_GRACE`]) is dropped and asked again.
     pub long_poll_wait: Duration,
-    /// The SSE heartbeat interval to expect when the controller does not say
-    /// ([`stanch_api::headers::HEARTBEAT`]): a stream silent for two intervals is
-    /// dropped and opened again.
+    /// The heartbeat interval to expect until the controller says its own (the SSE
+    /// header [`stanch_api::headers::HEARTBEAT`], the gRPC `Heartbeat`): a stream
+    /// silent for two intervals is dropped and opened again.
     pub heartbeat: Duration,
     /// Reconnect backoff: first delay.
     pub backoff_min: Duration,
@@ -160,12 +163,15 @@ enum WatchError {
     Ended,
     #[error("the controller was silent for {0:?}: the connection is taken for dead")]
     Silent(Duration),
+    #[error("gRPC: {0}")]
+    Grpc(String),
 }
 
 /// The most a long-poll may go unanswered past its wait before it is dropped.
 pub const LONG_POLL_GRACE: Duration = Duration::from_secs(10);
 
-/// The longest SSE event (one route table) read; a longer one is refused.
+/// The longest SSE event or gRPC message (one route table) read; a longer one is
+/// refused.
 const MAX_EVENT_BYTES: usize = 32 << 20;
 
 /// The shortest and longest heartbeat interval a controller's header is believed
@@ -177,6 +183,8 @@ const HEARTBEAT_BOUNDS: (Duration, Duration) =
 struct Watcher {
     config: WatchConfig,
     http: reqwest::Client,
+    /// The gRPC channel, made on first use.
+    grpc: Option<tonic::transport::Channel>,
     applier: Applier,
 }
 
@@ -235,6 +243,7 @@ pub fn start(
     let watcher = Watcher {
         config,
         http,
+        grpc: None,
         applier,
     };
     let span = info_span!("route_watch", controller = %watcher.config.url);
@@ -289,11 +298,7 @@ impl Applier {
             && let Err(why) = validate(&table)
         {
             warn!(version = table.version, reason = %why, "route table refused");
-            self.rejected = Some(Rejected {
-                version: table.version,
-                epoch: table.epoch,
-                reason: why,
-            });
+            self.refuse(table.version, table.epoch, why);
             return false;
         }
         self.rejected = None;
@@ -317,14 +322,19 @@ impl Applier {
             Err(e) => {
                 let id: TableId = serde_json::from_slice(bytes).map_err(|_| e.to_string())?;
                 warn!(version = id.version, epoch = %id.epoch, error = %e, "route table unreadable; refused, the gateway keeps its current table");
-                self.rejected = Some(Rejected {
-                    version: id.version,
-                    epoch: id.epoch,
-                    reason: format!("unreadable: {e}"),
-                });
+                self.refuse(id.version, id.epoch, format!("unreadable: {e}"));
                 Ok(false)
             }
         }
+    }
+
+    /// Records a refused table, to report until one applies.
+    fn refuse(&mut self, version: u64, epoch: String, reason: String) {
+        self.rejected = Some(Rejected {
+            version,
+            epoch,
+            reason,
+        });
     }
 }
 
@@ -350,7 +360,9 @@ impl Watcher {
         let mut backoff = self.config.backoff_min;
         let mut use_sse = self.config.transport != Transport::LongPoll;
         loop {
-            let result = if use_sse {
+            let result = if self.config.transport == Transport::Grpc {
+                self.grpc_session().await
+            } else if use_sse {
                 self.follow_sse().await
             } else {
                 self.long_poll().await
@@ -381,6 +393,25 @@ impl Watcher {
                 }
             }
         }
+    }
+
+    /// One gRPC stream on the watcher's channel (made on first use).
+    async fn grpc_session(&mut self) -> Result<(), WatchError> {
+        let channel = match &self.grpc {
+            Some(channel) => channel.clone(),
+            None => {
+                let channel = grpc::channel(&self.config).map_err(WatchError::Grpc)?;
+                self.grpc = Some(channel.clone());
+                channel
+            }
+        };
+        let result = self.follow_grpc(channel).await;
+        if let Err(WatchError::Silent(_)) = result {
+            // The channel would wait on the same dead connection: the next stream
+            // gets a new one.
+            self.grpc = None;
+        }
+        result
     }
 
     fn request(&self, url: String) -> reqwest::RequestBuilder {

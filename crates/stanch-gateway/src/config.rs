@@ -369,6 +369,9 @@ pub struct ControllerConfig {
     /// This gateway's identity; defaults to the host name.
     #[serde(default)]
     pub gateway_id: Option<String>,
+    /// How to follow the watch API at `url`.
+    #[serde(default)]
+    pub watch: WatchTransport,
     /// Where the last-known-good table is kept.
     #[serde(default)]
     pub state_file: Option<String>,
@@ -392,6 +395,33 @@ pub struct RouteTableRef {
     /// The resource's name: the controller's Lease name.
     #[serde(default = "default_route_table_name")]
     pub name: String,
+}
+
+/// How a gateway follows the controller's watch API.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchTransport {
+    /// SSE, falling back to long-poll where the stream is refused (a proxy that
+    /// does not pass it).
+    #[default]
+    Auto,
+    /// Only SSE.
+    Sse,
+    /// Only long-poll.
+    LongPoll,
+    /// The gRPC stream (HTTP/2), acknowledging every table on it.
+    Grpc,
+}
+
+impl From<WatchTransport> for stanch_client::Transport {
+    fn from(t: WatchTransport) -> stanch_client::Transport {
+        match t {
+            WatchTransport::Auto => stanch_client::Transport::Auto,
+            WatchTransport::Sse => stanch_client::Transport::Sse,
+            WatchTransport::LongPoll => stanch_client::Transport::LongPoll,
+            WatchTransport::Grpc => stanch_client::Transport::Grpc,
+        }
+    }
 }
 
 fn default_route_table_name() -> String {

@@ -365,6 +365,8 @@ fn limits(gateway: &Gateway) -> stanch_net::ConnLimits {
         write_timeout: Duration::from_secs(30),
         header_timeout: gateway.config.timeouts.caller_idle.0,
         drain: Duration::from_secs(30),
+        // Callers speak HTTP/1.1, as the OpenAI API does.
+        http2: None,
     }
 }
 

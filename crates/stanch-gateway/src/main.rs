@@ -106,6 +106,7 @@ async fn run(
                     watch.token = secret(c.token_env.as_ref(), c.token_file.as_ref(), None)
                         .map_err(anyhow::Error::msg)?;
                     watch.state_file = state_file;
+                    watch.transport = c.watch.into();
                     if let Some(path) = &config.tls.ca_file {
                         let pem =
                             std::fs::read(path).with_context(|| format!("tls.ca_file: {path}"))?;

@@ -61,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--keep-alive-seconds: {e}"))?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
-            Some(stanch_net::tls_acceptor(cert, key).map_err(anyhow::Error::msg)?)
+            Some(stanch_net::tls_acceptor(cert, key, false).map_err(anyhow::Error::msg)?)
         }
         _ => None,
     };

@@ -31,15 +31,38 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, debug_span, info, warn};
 
-/// Per-connection limits.
+/// Per-connection limits, and whether connections may speak HTTP/2.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
     /// A client that does not take written bytes for this long is disconnected.
     pub write_timeout: Duration,
-    /// A request's headers must arrive within this.
+    /// A request's headers must arrive within this. On HTTP/2, the connection
+    /// preface must, and a connection whose pings go unanswered this long is closed.
     pub header_timeout: Duration,
     /// How long in-flight requests may finish at shutdown.
     pub drain: Duration,
+    /// HTTP/2 beside HTTP/1.1 (for gRPC): chosen by ALPN (`h2`) over TLS, and by the
+    /// client's connection preface in clear text (prior knowledge, as gRPC clients
+    /// send). Off, every connection is HTTP/1.1.
+    pub http2: Option<Http2Limits>,
+}
+
+/// Limits of an HTTP/2 connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Http2Limits {
+    /// Streams (requests) open at once on one connection.
+    pub max_streams: u32,
+    /// How often an idle connection is pinged to tell that the client is still there.
+    pub keep_alive: Duration,
+}
+
+impl Default for Http2Limits {
+    fn default() -> Self {
+        Self {
+            max_streams: 100,
+            keep_alive: Duration::from_secs(20),
+        }
+    }
 }
 
 impl Default for ConnLimits {
@@ -48,7 +71,38 @@ impl Default for ConnLimits {
             write_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(30),
             drain: Duration::from_secs(5),
+            http2: None,
         }
+    }
+}
+
+/// The client connection preface of HTTP/2 (RFC 9113, section 3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a clear-text connection opens with the HTTP/2 preface, read without taking
+/// it off the socket; `None` when the client closes or says nothing decisive within
+/// `within`. The first byte that differs from the preface decides HTTP/1.1, so an
+/// HTTP/1.1 request is known at once.
+async fn opens_with_h2_preface(stream: &tokio::net::TcpStream, within: Duration) -> Option<bool> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Some(true);
+        }
+        // Part of the preface: peek again once more may have come (a peek of bytes
+        // already there would return at once, so wait a little between).
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -179,25 +233,22 @@ impl<S: App> Connection<S> {
             limits,
             watch,
         } = self;
-        let io = WriteDeadline::new(stream, limits.write_timeout);
-        let builder = {
-            let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(timer::Timer)
-                .header_read_timeout(limits.header_timeout);
-            b
+        let h2 = match (limits.http2, &tls) {
+            (Some(_), None) => match opens_with_h2_preface(&stream, limits.header_timeout).await {
+                Some(h2) => h2,
+                None => return debug!(%peer, "closed or silent before its first request"),
+            },
+            _ => false,
         };
+        let io = WriteDeadline::new(stream, limits.write_timeout);
         let result = match tls {
-            None => {
-                watch
-                    .serve(builder.serve_connection(TokioIo::new(io), app))
-                    .await
-            }
+            None => serve_http(TokioIo::new(io), h2, app, &limits, watch).await,
             Some(acceptor) => {
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io)).await {
                     Ok(Ok(stream)) => {
-                        watch
-                            .serve(builder.serve_connection(TokioIo::new(stream), app))
-                            .await
+                        let h2 = limits.http2.is_some()
+                            && stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                        serve_http(TokioIo::new(stream), h2, app, &limits, watch).await
                     }
                     Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => return debug!(%peer, "TLS handshake timed out"),
@@ -206,6 +257,38 @@ impl<S: App> Connection<S> {
         };
         if let Err(e) = result {
             debug!(error = %e, "connection ended with an error");
+        }
+    }
+}
+
+/// Serves one connection as HTTP/2 (`h2`, which `limits.http2` then bounds) or
+/// HTTP/1.1, under the drain's watch.
+async fn serve_http<I, S>(
+    io: TokioIo<I>,
+    h2: bool,
+    app: S,
+    limits: &ConnLimits,
+    watch: Watch,
+) -> Result<(), hyper::Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: App,
+{
+    match limits.http2.filter(|_| h2) {
+        Some(h2) => {
+            let mut b =
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+            b.timer(timer::Timer)
+                .max_concurrent_streams(h2.max_streams)
+                .keep_alive_interval(Some(h2.keep_alive))
+                .keep_alive_timeout(limits.header_timeout);
+            watch.serve(b.serve_connection(io, app)).await
+        }
+        None => {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(timer::Timer)
+                .header_read_timeout(limits.header_timeout);
+            watch.serve(b.serve_connection(io, app)).await
         }
     }
 }
@@ -531,8 +614,14 @@ pub fn certificates(
     Ok(certs)
 }
 
-/// Loads a PEM certificate chain and private key into a TLS acceptor (HTTP/1.1).
-pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
+/// Loads a PEM certificate chain and private key into a TLS acceptor that offers
+/// HTTP/1.1 by ALPN, and `h2` before it when `http2` (the listener's
+/// [`ConnLimits::http2`]).
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    http2: bool,
+) -> Result<TlsAcceptor, String> {
     use rustls::pki_types::PrivateKeyDer;
     use rustls::pki_types::pem::PemObject;
     let certs = certificates(cert)?;
@@ -544,7 +633,11 @@ pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| format!("certificate and key do not fit: {e}"))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

@@ -214,8 +214,12 @@ pub struct WatchConfig {
     pub heartbeat: HumanDuration,
     /// An SSE client that has not taken an event for this long is disconnected.
     pub slow_client_timeout: HumanDuration,
-    /// The most watchers at once; more are refused with 503.
+    /// The most watchers at once (long-poll, SSE and gRPC together); more are
+    /// refused with 503 (gRPC: UNAVAILABLE).
     pub max_watchers: usize,
+    /// Serve the gRPC watch, health checking and reflection on the API port (HTTP/2
+    /// beside HTTP/1.1). Off, the port speaks HTTP/1.1 only.
+    pub grpc: bool,
 }
 
 impl Default for WatchConfig {
@@ -225,6 +229,7 @@ impl Default for WatchConfig {
             heartbeat: HumanDuration::secs(15),
             slow_client_timeout: HumanDuration::secs(10),
             max_watchers: 10_000,
+            grpc: true,
         }
     }
 }

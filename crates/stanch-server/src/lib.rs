@@ -173,8 +173,11 @@ impl Controller {
             }
             warn!(%addr, roles = %roles, "no token for these roles: open to anyone on this host (loopback only)");
         }
+        let http2 = settings.server.watch.grpc;
         let tls = match &settings.tls {
-            Some((cert, key)) => Some(net::tls_acceptor(cert, key).map_err(StartError::Tls)?),
+            Some((cert, key)) => {
+                Some(net::tls_acceptor(cert, key, http2).map_err(StartError::Tls)?)
+            }
             None => None,
         };
         let (config, server) = (settings.config, settings.server);
@@ -243,6 +246,7 @@ impl Controller {
         // A watcher that stops reading is disconnected after the configured timeout.
         let limits = ConnLimits {
             write_timeout: server.watch.slow_client_timeout.0,
+            http2: http2.then(|| settings.limits.http2.unwrap_or_default()),
             ..settings.limits
         };
         let shared = api::Shared::new(

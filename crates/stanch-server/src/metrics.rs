@@ -47,6 +47,22 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// Labels: gateways by convergence and transport.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayLabels {
+    /// `converged`, `lagging` or `stale`.
+    pub kind: &'static str,
+    /// `poll`, `long_poll`, `sse` or `grpc`.
+    pub transport: &'static str,
+}
+
+/// Label: a watch transport.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabel {
+    /// `poll`, `long_poll`, `sse` or `grpc`.
+    pub transport: &'static str,
+}
+
 /// Label: an override action.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabel {
@@ -80,7 +96,7 @@ pub struct Metrics {
     pub overrides: Family<ActionLabel, Counter>,
     /// The published route version.
     pub route_version: Gauge,
-    /// Connected watchers by kind (`sse`, `long_poll`).
+    /// Connected watchers by kind (`sse`, `long_poll`, `grpc`).
     pub watchers: Family<KindLabel, Gauge>,
     /// Seconds from an input's arrival to its route version being published.
     pub publish_latency: Histogram,
@@ -92,8 +108,12 @@ pub struct Metrics {
     pub dry_run: Gauge,
     /// Frozen models; the global freeze counts every model.
     pub frozen: Gauge,
-    /// Gateways by convergence (`converged`, `lagging`, `stale`).
-    pub gateways: Family<KindLabel, Gauge>,
+    /// Gateways by convergence (`converged`, `lagging`, `stale`) and transport.
+    pub gateways: Family<GatewayLabels, Gauge>,
+    /// The most versions a gateway that is not stale is behind, by transport.
+    pub gateway_max_lag: Family<TransportLabel, Gauge>,
+    /// Route tables gateways refused (each refused version counted once per gateway).
+    pub gateway_nacks: Family<TransportLabel, Counter>,
     /// Alertmanager reconciliations by result.
     pub reconciliations: Family<KindLabel, Counter>,
     /// Decisions recorded in the history, by kind.
@@ -129,6 +149,8 @@ impl Metrics {
             dry_run: Gauge::default(),
             frozen: Gauge::default(),
             gateways: Family::default(),
+            gateway_max_lag: Family::default(),
+            gateway_nacks: Family::default(),
             reconciliations: Family::default(),
             decisions: Family::default(),
             registry: Registry::default(),
@@ -208,8 +230,18 @@ impl Metrics {
         );
         registry.register(
             "gateways",
-            "Gateways by convergence state",
+            "Gateways by convergence state and watch transport",
             m.gateways.clone(),
+        );
+        registry.register(
+            "gateway_max_lag_versions",
+            "The most route versions a gateway that is not stale is behind, by watch transport",
+            m.gateway_max_lag.clone(),
+        );
+        registry.register(
+            "gateway_nacks",
+            "Route tables gateways refused, by watch transport",
+            m.gateway_nacks.clone(),
         );
         registry.register(
             "reconciliations",
@@ -222,6 +254,15 @@ impl Metrics {
             m.decisions.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Counts a refused route table.
+    pub fn count_nack(&self, transport: stanch_api::status::WatchTransport) {
+        self.gateway_nacks
+            .get_or_create(&TransportLabel {
+                transport: transport.as_str(),
+            })
+            .inc();
     }
 
     /// The Prometheus text exposition.

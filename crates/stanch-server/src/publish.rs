@@ -23,6 +23,8 @@ pub struct Snapshot {
     /// `table` as one SSE event (`event`, `id`, `data`), rendered once and shared by
     /// every stream.
     pub sse_event: Bytes,
+    /// `table` for the gRPC watch, converted once for every stream.
+    pub grpc: stanch_api::proto::v1::RouteTable,
     /// `"<epoch>-<version>"`, quoted, for `ETag`.
     pub etag: String,
     /// Response headers of every route answer, built once: `ETag`, epoch, version.
@@ -67,6 +69,7 @@ impl Snapshot {
             ),
         ];
         Snapshot {
+            grpc: (&table).into(),
             headers,
             table,
             json,

@@ -78,13 +78,27 @@ async fn follows(transport: Transport) {
         .unwrap();
     assert_eq!(table.version, new);
     assert_eq!(table.models["qwen-72b"].pool, "dc-b");
-    // The controller learns which version the gateway applied.
+    // The controller learns which version the gateway applied, and how it watches.
+    let watching = match transport {
+        Transport::Grpc => "grpc",
+        Transport::LongPoll => "long_poll",
+        Transport::Sse | Transport::Auto => "sse",
+    };
     eventually("acknowledged", || async {
         let s = status(&url).await;
-        s["gateways"][0]["id"] == "gw-test" && s["gateways"][0]["applied_version"] == new
+        let g = &s["gateways"][0];
+        g["id"] == "gw-test"
+            && g["applied_version"] == new
+            && g["transport"] == watching
+            && g["converged"] == true
     })
     .await;
     task.abort();
+}
+
+#[tokio::test]
+async fn follows_by_grpc_and_acknowledges() {
+    follows(Transport::Grpc).await;
 }
 
 #[tokio::test]
@@ -155,8 +169,7 @@ async fn serves_the_last_known_good_table_while_the_controller_is_down() {
     task.abort();
 }
 
-#[tokio::test]
-async fn refuses_what_the_gateway_cannot_apply_and_says_why() {
+async fn refuses_what_the_gateway_cannot_apply_and_says_why(transport: Transport) {
     let (_c, url) = controller().await;
     let validator: stanch_client::Validator = Arc::new(|t: &stanch_api::RouteTable| {
         match t
@@ -169,7 +182,7 @@ async fn refuses_what_the_gateway_cannot_apply_and_says_why() {
         }
     });
     let mut config = WatchConfig::new(&url, "gw-strict");
-    config.transport = Transport::LongPoll;
+    config.transport = transport;
     config.long_poll_wait = Duration::from_secs(1);
     let (mut routes, task) = stanch_client::start(config, Some(validator));
     let first = routes.changed_from(0).await.unwrap();
@@ -192,6 +205,16 @@ async fn refuses_what_the_gateway_cannot_apply_and_says_why() {
         "the refused table is not applied"
     );
     task.abort();
+}
+
+#[tokio::test]
+async fn refuses_what_the_gateway_cannot_apply_over_long_poll() {
+    refuses_what_the_gateway_cannot_apply_and_says_why(Transport::LongPoll).await;
+}
+
+#[tokio::test]
+async fn refuses_what_the_gateway_cannot_apply_over_grpc() {
+    refuses_what_the_gateway_cannot_apply_and_says_why(Transport::Grpc).await;
 }
 
 /// A table this gateway cannot read (here a time past year 9999, as controllers
@@ -531,5 +554,129 @@ async fn an_unanswered_long_poll_is_asked_again_after_twice_its_wait() {
         gaps.iter()
             .all(|g| *g >= Duration::from_millis(490) && *g <= Duration::from_millis(1400)),
         "{gaps:?}"
+    );
+}
+
+/// A gRPC controller for the silence tests: each `WatchRoutes` stream gets one
+/// heartbeat saying `interval`, then the table, then nothing while it stays open.
+/// Returns its URL and when each stream opened.
+async fn silent_grpc_server(
+    table: stanch_api::RouteTable,
+    interval: Duration,
+) -> (String, Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>) {
+    use stanch_api::proto::v1::route_watch_server::{RouteWatch, RouteWatchServer};
+    use stanch_api::proto::v1::{self, watch_response};
+    type Opened = Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>;
+    type Messages = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<v1::WatchResponse, tonic::Status>> + Send>,
+    >;
+    struct Silent {
+        table: stanch_api::RouteTable,
+        interval: Duration,
+        opened: Opened,
+    }
+    #[tonic::async_trait]
+    impl RouteWatch for Silent {
+        type WatchRoutesStream = Messages;
+        async fn watch_routes(
+            &self,
+            _: tonic::Request<tonic::Streaming<v1::WatchRequest>>,
+        ) -> Result<tonic::Response<Messages>, tonic::Status> {
+            use futures_util::StreamExt;
+            self.opened
+                .lock()
+                .unwrap()
+                .push(tokio::time::Instant::now());
+            let first = [
+                watch_response::Kind::Heartbeat(v1::Heartbeat {
+                    interval_ms: self.interval.as_millis() as u64,
+                    latest_version: self.table.version,
+                }),
+                watch_response::Kind::Table((&self.table).into()),
+            ]
+            .map(|kind| Ok(v1::WatchResponse { kind: Some(kind) }));
+            let messages = futures_util::stream::iter(first).chain(futures_util::stream::pending());
+            Ok(tonic::Response::new(Box::pin(messages)))
+        }
+    }
+    let opened: Opened = Arc::default();
+    let service = RouteWatchServer::new(Silent {
+        table,
+        interval,
+        opened: opened.clone(),
+    });
+    let app = tonic::service::Routes::new(service).into_axum_router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let limits = stanch_server::net::ConnLimits {
+        http2: Some(Default::default()),
+        ..Default::default()
+    };
+    tokio::spawn(stanch_server::net::serve(
+        listener,
+        hyper_util::service::TowerToHyperService::new(app),
+        None,
+        limits,
+        std::future::pending(),
+    ));
+    (url, opened)
+}
+
+/// A gRPC stream that goes quiet after its table (no heartbeat as promised) is
+/// dropped after two of the intervals the controller said, and opened again at once.
+#[tokio::test]
+async fn a_silent_grpc_stream_is_dropped_and_reopened_within_two_heartbeats() {
+    let (_controller, real) = controller().await;
+    let table: stanch_api::RouteTable = reqwest::get(format!("{real}/v1/routes"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (url, opened) = silent_grpc_server(table, Duration::from_millis(200)).await;
+    let mut config = WatchConfig::new(&url, "gw-silent-grpc");
+    config.transport = Transport::Grpc;
+    let (routes, task) = stanch_client::start(config, None);
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    task.abort();
+    let at = opened.lock().unwrap().clone();
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.len() >= 2, "{gaps:?}: the silent stream was kept");
+    for gap in &gaps {
+        assert!(
+            *gap >= Duration::from_millis(390) && *gap <= Duration::from_millis(900),
+            "{gaps:?}: each stream is dropped after two 200 ms heartbeats and reopened at once"
+        );
+    }
+    assert!(routes.current().is_some(), "the table stays applied");
+}
+
+/// A gRPC controller that accepts the connection and never answers (no HTTP/2
+/// settings, no headers) is left after two configured heartbeats.
+#[tokio::test]
+async fn a_grpc_controller_that_never_answers_is_left_after_two_configured_heartbeats() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = vec![];
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            a.lock().unwrap().push(tokio::time::Instant::now());
+            held.push(socket);
+        }
+    });
+    let mut config = WatchConfig::new(&url, "gw-grpc-unanswered");
+    config.transport = Transport::Grpc;
+    config.heartbeat = Duration::from_millis(150);
+    let (_routes, task) = stanch_client::start(config, None);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    task.abort();
+    let at = accepted.lock().unwrap().clone();
+    assert!(
+        at.len() >= 2,
+        "{} connection(s) in 1.2 s: a controller that never answers was waited on",
+        at.len()
     );
 }

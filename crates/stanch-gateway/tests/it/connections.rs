@@ -189,7 +189,7 @@ async fn idle_connections_are_not_reused_past_the_idle_limit() {
 async fn https_endpoints_are_trusted_through_the_configured_ca() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, cert, key) = certificates(dir.path());
-    let acceptor = stanch_net::tls_acceptor(&cert, &key).unwrap();
+    let acceptor = stanch_net::tls_acceptor(&cert, &key, false).unwrap();
     let mock = Mock::new(MockConfig::new("qwen-72b", "a"));
     let a = Upstream {
         base: stanch_mock::spawn_tls(mock.clone(), acceptor).await,

@@ -4,6 +4,7 @@
 //! and answer. No decision logic lives here.
 
 mod admin;
+mod grpc;
 mod intake;
 mod read;
 mod watch;
@@ -22,6 +23,7 @@ use stanch_api::admin::{
     BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest, ThawRequest,
     UnblockAllRequest,
 };
+use stanch_api::status::WatchTransport;
 use stanch_core::Config;
 use tokio::sync::Notify;
 
@@ -174,6 +176,11 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(read::metrics))
         .route("/healthz", get(read::healthz))
         .route("/readyz", get(read::readyz));
+    let grpc = if state.server.watch.grpc {
+        grpc::router(state.clone())
+    } else {
+        Router::new()
+    };
     Router::new()
         .merge(ingest)
         .merge(admin)
@@ -181,6 +188,7 @@ pub fn router(state: AppState) -> Router {
         .merge(open)
         .fallback(|| async { ApiError::NotFound("no such route; see docs/api.md".into()) })
         .with_state(state)
+        .merge(grpc)
 }
 
 async fn require(
@@ -238,15 +246,21 @@ impl From<EngineUnavailable> for ApiError {
     }
 }
 
-/// Counts a connected watcher for as long as it lives.
+/// Counts a connected watcher for as long as it lives, and the watch its gateway
+/// holds open.
 pub(crate) struct WatcherGuard {
     state: AppState,
-    kind: &'static str,
+    transport: WatchTransport,
+    gateway: Option<String>,
 }
 
 impl WatcherGuard {
-    /// Admits a watcher, or refuses with 503 past the configured limit.
-    fn admit(state: &AppState, kind: &'static str) -> Result<WatcherGuard, ApiError> {
+    /// Admits a watcher, or refuses past the configured limit (`watch.max_watchers`).
+    pub(crate) fn admit(
+        state: &AppState,
+        transport: WatchTransport,
+        gateway: Option<&str>,
+    ) -> Result<WatcherGuard, TooManyWatchers> {
         let max = state.server.watch.max_watchers;
         let admitted = state
             .watchers
@@ -255,19 +269,50 @@ impl WatcherGuard {
             })
             .is_ok();
         if !admitted {
-            return Err(ApiError::Unavailable(format!(
-                "{max} watchers already connected; retry later"
-            )));
+            return Err(TooManyWatchers(max));
         }
         state
             .metrics
             .watchers
-            .get_or_create(&KindLabel { kind })
+            .get_or_create(&KindLabel {
+                kind: transport.as_str(),
+            })
             .inc();
+        if let Some(id) = gateway {
+            state.gateways.opened(id, transport);
+        }
         Ok(WatcherGuard {
             state: state.clone(),
-            kind,
+            transport,
+            gateway: gateway.map(str::to_owned),
         })
+    }
+}
+
+impl WatcherGuard {
+    /// Names the gateway holding this watch, once it has said who it is (a gRPC
+    /// stream's Hello); its watch is counted open from now on.
+    pub(crate) fn attach(&mut self, id: &str) {
+        if self.gateway.is_none() {
+            self.state.gateways.opened(id, self.transport);
+            self.gateway = Some(id.to_owned());
+        }
+    }
+
+    /// The gateway holding this watch, once known.
+    pub(crate) fn gateway(&self) -> Option<&str> {
+        self.gateway.as_deref()
+    }
+}
+
+/// `watch.max_watchers` are connected already.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} watchers already connected; retry later")]
+pub(crate) struct TooManyWatchers(usize);
+
+impl From<TooManyWatchers> for ApiError {
+    fn from(e: TooManyWatchers) -> ApiError {
+        ApiError::Unavailable(e.to_string())
     }
 }
 
@@ -277,8 +322,13 @@ impl Drop for WatcherGuard {
         self.state
             .metrics
             .watchers
-            .get_or_create(&KindLabel { kind: self.kind })
+            .get_or_create(&KindLabel {
+                kind: self.transport.as_str(),
+            })
             .dec();
+        if let Some(id) = &self.gateway {
+            self.state.gateways.closed(id, self.state.clock.now());
+        }
     }
 }
 

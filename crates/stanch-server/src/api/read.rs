@@ -11,7 +11,6 @@ use stanch_api::status::{StatusReport, StoreStatus};
 use super::AppState;
 use crate::error::ApiError;
 use crate::history::Page;
-use crate::metrics::KindLabel;
 
 /// `GET /v1/status`
 pub(super) async fn status(State(state): State<AppState>) -> Result<Json<StatusReport>, ApiError> {
@@ -87,20 +86,9 @@ const HISTORY_NEWEST: &str = "x-stanch-history-newest";
 /// `GET /metrics`
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     let snap = state.publisher.load();
-    let (converged, lagging, stale) = state
+    state
         .gateways
-        .convergence(state.clock.now(), snap.table.version);
-    for (kind, n) in [
-        ("converged", converged),
-        ("lagging", lagging),
-        ("stale", stale),
-    ] {
-        state
-            .metrics
-            .gateways
-            .get_or_create(&KindLabel { kind })
-            .set(n);
-    }
+        .export(state.clock.now(), snap.table.version, &state.metrics);
     let mut response = state.metrics.encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

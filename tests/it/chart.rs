@@ -35,7 +35,7 @@ pub(crate) fn helm() -> PathBuf {
     tool("STANCH_TEST_HELM", "test-tools/bin/helm")
 }
 
-fn venv_bin(name: &str) -> PathBuf {
+pub(crate) fn venv_bin(name: &str) -> PathBuf {
     match std::env::var_os("STANCH_TEST_PYTHON") {
         Some(p) => Path::new(&p).with_file_name(name),
         None => tool("STANCH_TEST_VENV_BIN", &format!("test-venv/bin/{name}")),

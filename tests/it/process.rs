@@ -243,6 +243,11 @@ fn serves_tls_when_given_a_certificate() {
             "1",
             "-subj",
             "/CN=localhost",
+            // A server certificate, trusted as itself: named for the address, not a CA.
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
         ])
         .arg("-keyout")
         .arg(&key)
@@ -268,6 +273,26 @@ fn serves_tls_when_given_a_certificate() {
         client().get(format!("{plain}/healthz")).send().is_err(),
         "plain HTTP is not served"
     );
+
+    // The gRPC watch, on the same port and certificate (h2 by ALPN), trusting it.
+    let version = server.routes()["version"].as_u64().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut config = stanch_client::WatchConfig::new(&server.base, "gw-tls");
+        config.transport = stanch_client::Transport::Grpc;
+        config.token = Some("rd".into());
+        config.ca_pem = Some(std::fs::read(&cert).unwrap());
+        let (mut routes, task) = stanch_client::start(config, None);
+        let table = tokio::time::timeout(Duration::from_secs(10), routes.changed_from(0))
+            .await
+            .expect("a table over gRPC and TLS within 10 s")
+            .unwrap();
+        assert_eq!(table.version, version);
+        task.abort();
+    });
 }
 
 /// Runs `stanch demo` with `args`; returns what it printed, having checked

@@ -463,6 +463,18 @@ fn gaps(
     at.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
+/// Streams that went silent were dropped after two 200 ms heartbeats, and the next
+/// opened at once.
+fn reopened_every_two_heartbeats(gaps: &[Duration]) {
+    assert!(gaps.len() >= 2, "{gaps:?}: the silent stream was kept");
+    for gap in gaps {
+        assert!(
+            *gap >= Duration::from_millis(390) && *gap <= Duration::from_millis(900),
+            "{gaps:?}: each stream is dropped after two 200 ms heartbeats and reopened at once"
+        );
+    }
+}
+
 /// The controller says how often it sends heartbeats on the stream.
 #[tokio::test]
 async fn the_controller_says_its_heartbeat_interval() {
@@ -494,21 +506,15 @@ async fn a_silent_stream_is_dropped_and_reopened_within_two_heartbeats() {
     tokio::time::sleep(Duration::from_millis(1700)).await;
     task.abort();
     let gaps = gaps(&seen, "sse");
-    assert!(gaps.len() >= 2, "{gaps:?}: the silent stream was kept");
-    for gap in &gaps {
-        assert!(
-            *gap >= Duration::from_millis(390) && *gap <= Duration::from_millis(900),
-            "{gaps:?}: each stream is dropped after two 200 ms heartbeats and reopened at once"
-        );
-    }
+    reopened_every_two_heartbeats(&gaps);
     assert!(routes.current().is_some(), "the table stays applied");
 }
 
 /// Without the controller's word (an older controller, a proxy that drops the
 /// header), the configured interval is expected; a controller that accepts the
-/// connection and never answers is left just the same.
-#[tokio::test]
-async fn a_controller_that_never_answers_is_left_after_two_configured_heartbeats() {
+/// connection and never answers (no HTTP answer, no HTTP/2 settings) is left just the
+/// same, and a new connection made.
+async fn a_controller_that_never_answers_is_left(transport: Transport) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -522,7 +528,7 @@ async fn a_controller_that_never_answers_is_left_after_two_configured_heartbeats
         }
     });
     let mut config = WatchConfig::new(&url, "gw-unanswered");
-    config.transport = Transport::Sse;
+    config.transport = transport;
     config.heartbeat = Duration::from_millis(150);
     let (_routes, task) = stanch_client::start(config, None);
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -535,6 +541,16 @@ async fn a_controller_that_never_answers_is_left_after_two_configured_heartbeats
             .all(|g| *g >= Duration::from_millis(290) && *g <= Duration::from_millis(800)),
         "{gaps:?}: two 150 ms heartbeats, then the next connection"
     );
+}
+
+#[tokio::test]
+async fn a_controller_that_never_answers_the_stream_is_left_after_two_configured_heartbeats() {
+    a_controller_that_never_answers_is_left(Transport::Sse).await;
+}
+
+#[tokio::test]
+async fn a_grpc_controller_that_never_answers_is_left_after_two_configured_heartbeats() {
+    a_controller_that_never_answers_is_left(Transport::Grpc).await;
 }
 
 /// A long-poll unanswered past its wait and as much again is dropped and asked again.
@@ -641,42 +657,6 @@ async fn a_silent_grpc_stream_is_dropped_and_reopened_within_two_heartbeats() {
     task.abort();
     let at = opened.lock().unwrap().clone();
     let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(gaps.len() >= 2, "{gaps:?}: the silent stream was kept");
-    for gap in &gaps {
-        assert!(
-            *gap >= Duration::from_millis(390) && *gap <= Duration::from_millis(900),
-            "{gaps:?}: each stream is dropped after two 200 ms heartbeats and reopened at once"
-        );
-    }
+    reopened_every_two_heartbeats(&gaps);
     assert!(routes.current().is_some(), "the table stays applied");
-}
-
-/// A gRPC controller that accepts the connection and never answers (no HTTP/2
-/// settings, no headers) is left after two configured heartbeats.
-#[tokio::test]
-async fn a_grpc_controller_that_never_answers_is_left_after_two_configured_heartbeats() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let a = accepted.clone();
-    tokio::spawn(async move {
-        let mut held = vec![];
-        loop {
-            let (socket, _) = listener.accept().await.unwrap();
-            a.lock().unwrap().push(tokio::time::Instant::now());
-            held.push(socket);
-        }
-    });
-    let mut config = WatchConfig::new(&url, "gw-grpc-unanswered");
-    config.transport = Transport::Grpc;
-    config.heartbeat = Duration::from_millis(150);
-    let (_routes, task) = stanch_client::start(config, None);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    task.abort();
-    let at = accepted.lock().unwrap().clone();
-    assert!(
-        at.len() >= 2,
-        "{} connection(s) in 1.2 s: a controller that never answers was waited on",
-        at.len()
-    );
 }

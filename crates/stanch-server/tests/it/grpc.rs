@@ -105,16 +105,6 @@ impl Stream {
     }
 }
 
-async fn fail_dc_a(h: &Harness) -> u64 {
-    let r = h
-        .webhook(fixture("alertmanager-v4-firing-failover.json"))
-        .await;
-    assert_eq!(r.status(), 200);
-    r.json::<Value>().await.unwrap()["version"]
-        .as_u64()
-        .unwrap()
-}
-
 /// The gateway `id` as the status report shows it.
 async fn gateway(h: &Harness, id: &str) -> Value {
     let status = h.json("/v1/status").await;
@@ -345,15 +335,20 @@ async fn messages_out_of_protocol_end_the_stream_with_a_clear_status() {
     assert_eq!(s.table().await.version, current.version);
 }
 
-/// Bytes that are no protobuf, over raw HTTP/2: a clear status, not a panic, and
-/// the connection's other streams are unharmed.
-#[tokio::test]
-async fn garbage_on_the_wire_gets_invalid_argument() {
-    let h = Harness::with(quick()).await;
+/// `WatchRoutes` opened over raw HTTP/2 (with this receive window), for what no gRPC
+/// client sends or does: the response to come, and the request body to write.
+async fn raw_watch(
+    h: &Harness,
+    window: Option<u32>,
+) -> (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>) {
     let tcp = tokio::net::TcpStream::connect(h.controller.as_ref().unwrap().addr())
         .await
         .unwrap();
-    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let mut builder = h2::client::Builder::new();
+    if let Some(window) = window {
+        builder.initial_window_size(window);
+    }
+    let (client, connection) = builder.handshake(tcp).await.unwrap();
     tokio::spawn(connection);
     let mut client = client.ready().await.unwrap();
     let request = http::Request::post(format!("{}/stanch.v1.RouteWatch/WatchRoutes", h.base))
@@ -362,7 +357,15 @@ async fn garbage_on_the_wire_gets_invalid_argument() {
         .header("authorization", format!("Bearer {READ}"))
         .body(())
         .unwrap();
-    let (response, mut body) = client.send_request(request, false).unwrap();
+    client.send_request(request, false).unwrap()
+}
+
+/// Bytes that are no protobuf, over raw HTTP/2: a clear status, not a panic, and
+/// the connection's other streams are unharmed.
+#[tokio::test]
+async fn garbage_on_the_wire_gets_invalid_argument() {
+    let h = Harness::with(quick()).await;
+    let (response, mut body) = raw_watch(&h, None).await;
     // A gRPC frame (uncompressed, 8 bytes) whose bytes are an invalid field tag.
     let mut frame = vec![0u8, 0, 0, 0, 8];
     frame.extend_from_slice(&[0xff; 8]);
@@ -395,25 +398,9 @@ async fn garbage_on_the_wire_gets_invalid_argument() {
 #[tokio::test]
 async fn a_gateway_that_stops_reading_is_cut_off_and_the_others_are_not_held_up() {
     let h = Harness::with(quick()).await;
-    let tcp = tokio::net::TcpStream::connect(h.controller.as_ref().unwrap().addr())
-        .await
-        .unwrap();
     // A window of a few bytes, never released: the controller can send it nothing
     // past the first table.
-    let (client, connection) = h2::client::Builder::new()
-        .initial_window_size(64)
-        .handshake::<_, bytes::Bytes>(tcp)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let mut client = client.ready().await.unwrap();
-    let request = http::Request::post(format!("{}/stanch.v1.RouteWatch/WatchRoutes", h.base))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {READ}"))
-        .body(())
-        .unwrap();
-    let (response, mut body) = client.send_request(request, false).unwrap();
+    let (response, mut body) = raw_watch(&h, Some(64)).await;
     let hello = v1::WatchRequest {
         kind: Some(hello("gw-stuck", 0, "")),
     };

@@ -202,6 +202,17 @@ async fn launch(
 }
 
 /// An Alertmanager webhook body with one alert.
+/// Sends the fixture that fails pool dc-a of qwen-72b; returns the version it made.
+pub async fn fail_dc_a(h: &Harness) -> u64 {
+    let r = h
+        .webhook(fixture("alertmanager-v4-firing-failover.json"))
+        .await;
+    assert_eq!(r.status(), 200);
+    r.json::<Value>().await.unwrap()["version"]
+        .as_u64()
+        .unwrap()
+}
+
 pub fn webhook_body(status: &str, labels: &[(&str, &str)], starts_at: &str) -> String {
     let labels: serde_json::Map<String, Value> = labels
         .iter()

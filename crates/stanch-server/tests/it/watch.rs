@@ -13,16 +13,6 @@ async fn version(h: &Harness) -> u64 {
     h.routes().await["version"].as_u64().unwrap()
 }
 
-async fn fail_dc_a(h: &Harness) -> u64 {
-    let r = h
-        .webhook(fixture("alertmanager-v4-firing-failover.json"))
-        .await;
-    assert_eq!(r.status(), 200);
-    r.json::<Value>().await.unwrap()["version"]
-        .as_u64()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn etag_answers_304_when_unchanged() {
     let h = Harness::start().await;

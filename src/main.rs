@@ -233,9 +233,21 @@ fn token(env: &str, file: Option<&String>) -> Result<Option<String>, String> {
     }
 }
 
+/// Raises the open-file limit (a watcher is a connection) and says what it is.
+fn open_file_limit() {
+    match stanch_server::net::raise_open_file_limit() {
+        Some((before, after)) if before < after => {
+            tracing::info!(before, after, "open-file limit raised to the hard limit");
+        }
+        Some((_, limit)) => tracing::info!(limit, "open-file limit"),
+        None => tracing::warn!("cannot read or raise the open-file limit"),
+    }
+}
+
 fn serve(args: ServeArgs) -> ExitCode {
     // Held to the end, so what is buffered is written out.
     let _logging = init_logging(args.log_format);
+    open_file_limit();
     let ConfigFile { policy, server } = match load_config(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {

@@ -34,6 +34,10 @@ enum Bench {
     /// The gateway: direct vs stanch-gateway vs a bare hyper proxy vs nginx, then an
     /// upstream failing mid-run.
     Gateway(gateway::GatewayArgs),
+    /// A fleet of 10,000 watchers (gRPC, SSE, long-poll) on one controller: a new
+    /// version's reach, acknowledgements, CPU and memory, stuck watchers, and a
+    /// reconnect storm after `kill -9`.
+    Fleet(fleet::FleetArgs),
     /// The controller with its state in the cluster (a fake API server): webhook
     /// latency, and an alert storm's API writes and latency, beside the file store.
     Cluster(cluster::ClusterArgs),
@@ -54,6 +58,7 @@ enum Bench {
 
 mod bare;
 mod cluster;
+mod fleet;
 mod gateway;
 
 #[derive(Debug, clap::Args)]
@@ -97,6 +102,7 @@ fn main() -> anyhow::Result<()> {
             Bench::Controller(args) => controller(args).await,
             Bench::Gateway(args) => gateway::run(args).await,
             Bench::Cluster(args) => cluster::run(args).await,
+            Bench::Fleet(args) => fleet::run(args).await,
             Bench::BareProxy { .. } => unreachable!("served above"),
         }
     })

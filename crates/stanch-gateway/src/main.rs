@@ -37,6 +37,12 @@ fn main() -> ExitCode {
     let args = Args::parse();
     // Held to the end of main, so what is buffered is written out.
     let logging = stanch_log::init(args.log_format);
+    // A caller is a connection, and an upstream another.
+    if let Some((before, after)) = stanch_net::raise_open_file_limit()
+        && before < after
+    {
+        tracing::info!(before, after, "open-file limit raised to the hard limit");
+    }
     let config = match std::fs::read_to_string(&args.config)
         .map_err(|e| e.to_string())
         .and_then(|t| GatewayConfig::from_yaml(&t).map_err(|e| e.to_string()))

@@ -282,7 +282,19 @@ where
                 .max_concurrent_streams(h2.max_streams)
                 .keep_alive_interval(Some(h2.keep_alive))
                 .keep_alive_timeout(limits.header_timeout);
-            watch.serve(b.serve_connection(io, app)).await
+            let close = CloseConnection::default();
+            let app = WithClose {
+                inner: app,
+                close: close.clone(),
+            };
+            tokio::select! {
+                served = watch.serve(b.serve_connection(io, app)) => served,
+                // Dropping the connection closes its socket, and every stream on it.
+                () = close.0.notified() => {
+                    debug!("connection closed by a handler");
+                    Ok(())
+                }
+            }
         }
         None => {
             let mut b = hyper::server::conn::http1::Builder::new();
@@ -290,6 +302,39 @@ where
                 .header_read_timeout(limits.header_timeout);
             watch.serve(b.serve_connection(io, app)).await
         }
+    }
+}
+
+/// Ends the HTTP/2 connection a request came on, from the request's handler, which
+/// finds it among the request's extensions. For a client beyond help behind HTTP/2
+/// flow control: one that stopped reading a stream only stops granting window, no
+/// write ever blocks, and the write deadline that cuts off such a client on HTTP/1.1
+/// never fires.
+#[derive(Debug, Clone, Default)]
+pub struct CloseConnection(Arc<tokio::sync::Notify>);
+
+impl CloseConnection {
+    /// Closes the connection (now, or as soon as it is next polled).
+    pub fn close(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// `inner`, with each request carrying its connection's [`CloseConnection`].
+#[derive(Clone)]
+struct WithClose<S> {
+    inner: S,
+    close: CloseConnection,
+}
+
+impl<S: App> hyper::service::Service<hyper::Request<hyper::body::Incoming>> for WithClose<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> S::Future {
+        request.extensions_mut().insert(self.close.clone());
+        self.inner.call(request)
     }
 }
 
@@ -573,6 +618,27 @@ impl Drop for Workers {
             }
         }
     }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, as a server that
+/// holds a connection per client should (the Go runtime does the same at start):
+/// some container runtimes start processes at a soft limit of 1024 under a far
+/// higher hard one. Returns (before, after); `None` where the limit cannot be read or
+/// set, which leaves it as it was.
+pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let before = limit.current.unwrap_or(u64::MAX);
+    let after = limit.maximum.unwrap_or(u64::MAX);
+    if before >= after {
+        return Some((before, before));
+    }
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    setrlimit(Resource::Nofile, raised).ok()?;
+    Some((before, after))
 }
 
 /// Resolves on SIGINT or SIGTERM (what Kubernetes sends before killing a pod).
@@ -1031,6 +1097,28 @@ mod tests {
             started.elapsed()
         );
         soon(|| served() == 0, "none counted once they ended").await;
+    }
+
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit() {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let hard = getrlimit(Resource::Nofile).maximum;
+        let Some(hard) = hard else {
+            return; // Unlimited: nothing to raise to.
+        };
+        // One below: harmless to the tests running beside this one.
+        let lowered = Rlimit {
+            current: Some(hard - 1),
+            maximum: Some(hard),
+        };
+        setrlimit(Resource::Nofile, lowered).unwrap();
+        assert_eq!(super::raise_open_file_limit(), Some((hard - 1, hard)));
+        assert_eq!(getrlimit(Resource::Nofile).current, Some(hard));
+        assert_eq!(
+            super::raise_open_file_limit(),
+            Some((hard, hard)),
+            "already there"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,8 +5,8 @@
 //! One stream is one session: the gateway's Hello says what it holds, the session
 //! sends what it lacks, latest only, and reads the gateway's Acks and Nacks. The
 //! session writes into a channel of one message, and a gateway that leaves it full for
-//! `watch.slow_client_timeout` is cut off: nothing queues behind a slow reader, and
-//! the publisher never waits for any.
+//! `watch.slow_client_timeout` is cut off, its connection closed: nothing queues
+//! behind a slow reader, and the publisher never waits for any.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -24,6 +24,7 @@ use tracing::debug;
 use super::{AppState, WatcherGuard};
 use crate::auth::Role;
 use crate::gateways::{Report, clean_reason, valid_id};
+use crate::net::CloseConnection;
 
 /// The largest message a gateway may send (Hello, Ack and Nack are a few hundred
 /// bytes at most).
@@ -128,7 +129,9 @@ impl RouteWatch for Watch {
         let guard = WatcherGuard::admit(state, WatchTransport::Grpc, None)
             .map_err(|e| Status::unavailable(e.to_string()))?;
         let (out, messages) = mpsc::channel(1);
+        let close = request.extensions().get::<CloseConnection>().cloned();
         let session = Session {
+            close,
             state: state.clone(),
             inbound: request.into_inner(),
             out,
@@ -143,6 +146,9 @@ impl RouteWatch for Watch {
 
 /// One gateway's stream.
 struct Session {
+    /// Closes the gateway's connection, when it is served by `stanch_net` (always,
+    /// but in tests that serve the router some other way).
+    close: Option<CloseConnection>,
     state: AppState,
     inbound: Streaming<v1::WatchRequest>,
     out: mpsc::Sender<Result<v1::WatchResponse, Status>>,
@@ -312,9 +318,17 @@ impl Session {
             }
             // The gateway's stream is gone: nobody to tell.
             Ok(Err(_)) => Err(None),
-            Err(_) => Err(Some(Status::deadline_exceeded(format!(
-                "the gateway took no message for {slow:?}; reconnect and read faster"
-            )))),
+            Err(_) => {
+                // Behind HTTP/2 flow control a status would wait, as the messages do,
+                // for window the gateway does not grant: its connection is closed
+                // instead, which frees what waits on it, as a stuck SSE watcher's is.
+                if let Some(close) = &self.close {
+                    close.close();
+                }
+                Err(Some(Status::deadline_exceeded(format!(
+                    "the gateway took no message for {slow:?}; reconnect and read faster"
+                ))))
+            }
         }
     }
 }

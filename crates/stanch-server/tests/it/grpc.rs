@@ -336,11 +336,17 @@ async fn messages_out_of_protocol_end_the_stream_with_a_clear_status() {
 }
 
 /// `WatchRoutes` opened over raw HTTP/2 (with this receive window), for what no gRPC
-/// client sends or does: the response to come, and the request body to write.
-async fn raw_watch(
-    h: &Harness,
-    window: Option<u32>,
-) -> (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>) {
+/// client sends or does.
+struct RawWatch {
+    /// The response to come.
+    response: h2::client::ResponseFuture,
+    /// The request body, to write.
+    body: h2::SendStream<bytes::Bytes>,
+    /// The connection, served until it ends.
+    connection: tokio::task::JoinHandle<Result<(), h2::Error>>,
+}
+
+async fn raw_watch(h: &Harness, window: Option<u32>) -> RawWatch {
     let tcp = tokio::net::TcpStream::connect(h.controller.as_ref().unwrap().addr())
         .await
         .unwrap();
@@ -349,7 +355,7 @@ async fn raw_watch(
         builder.initial_window_size(window);
     }
     let (client, connection) = builder.handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
+    let connection = tokio::spawn(connection);
     let mut client = client.ready().await.unwrap();
     let request = http::Request::post(format!("{}/stanch.v1.RouteWatch/WatchRoutes", h.base))
         .header("content-type", "application/grpc")
@@ -357,7 +363,12 @@ async fn raw_watch(
         .header("authorization", format!("Bearer {READ}"))
         .body(())
         .unwrap();
-    client.send_request(request, false).unwrap()
+    let (response, body) = client.send_request(request, false).unwrap();
+    RawWatch {
+        response,
+        body,
+        connection,
+    }
 }
 
 /// Bytes that are no protobuf, over raw HTTP/2: a clear status, not a panic, and
@@ -365,7 +376,9 @@ async fn raw_watch(
 #[tokio::test]
 async fn garbage_on_the_wire_gets_invalid_argument() {
     let h = Harness::with(quick()).await;
-    let (response, mut body) = raw_watch(&h, None).await;
+    let RawWatch {
+        response, mut body, ..
+    } = raw_watch(&h, None).await;
     // A gRPC frame (uncompressed, 8 bytes) whose bytes are an invalid field tag.
     let mut frame = vec![0u8, 0, 0, 0, 8];
     frame.extend_from_slice(&[0xff; 8]);
@@ -400,7 +413,11 @@ async fn a_gateway_that_stops_reading_is_cut_off_and_the_others_are_not_held_up(
     let h = Harness::with(quick()).await;
     // A window of a few bytes, never released: the controller can send it nothing
     // past the first table.
-    let (response, mut body) = raw_watch(&h, Some(64)).await;
+    let RawWatch {
+        response,
+        mut body,
+        connection,
+    } = raw_watch(&h, Some(64)).await;
     let hello = v1::WatchRequest {
         kind: Some(hello("gw-stuck", 0, "")),
     };
@@ -423,6 +440,9 @@ async fn a_gateway_that_stops_reading_is_cut_off_and_the_others_are_not_held_up(
     // Heartbeats pile up behind the stuck one's window until the timeout.
     eventually(&h, "gw-stuck", |g| g["connected"] == false).await;
     assert!(started.elapsed() >= Duration::from_millis(400));
+    // Its connection is closed: nothing it holds stays on the controller.
+    let closed = tokio::time::timeout(Duration::from_secs(2), connection).await;
+    assert!(closed.is_ok(), "the connection is closed");
 }
 
 #[tokio::test]

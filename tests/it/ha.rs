@@ -357,6 +357,11 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
             serde_json::from_value(resource["status"]["table"].clone()).ok()?;
         (held == served).then_some(())
     });
+    // And the gRPC watch, from either replica: one table everywhere.
+    for replica in [&leader, &follower] {
+        let over_grpc = crate::process::first_grpc_table(&replica.base, "rd", None);
+        assert_eq!(over_grpc, served, "{} over gRPC", replica.identity);
+    }
 
     // kill -9 mid-incident: no chance to give the lease up.
     leader.signal("-9");

@@ -266,11 +266,9 @@ fn watch(
         WatchVia::LongPoll => stanch_client::Transport::LongPoll,
         WatchVia::Grpc => stanch_client::Transport::Grpc,
     };
-    let name = match via {
-        WatchVia::Sse => "sse",
-        WatchVia::LongPoll => "long-poll",
-        WatchVia::Grpc => "grpc",
-    };
+    let name = via
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_owned());
     runtime.block_on(async {
         let (mut routes, _task) = stanch_client::start(config, None);
         let mut seen = 0;

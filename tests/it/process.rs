@@ -105,6 +105,67 @@ pub(crate) fn client() -> reqwest::blocking::Client {
         .unwrap()
 }
 
+/// `stanch ctl watch` prints each version as it arrives, over each transport, and
+/// `stanch ctl status` then shows each watcher with its transport and what it applied.
+#[test]
+fn ctl_watch_follows_over_every_transport_and_status_shows_the_watchers() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(data.path(), &[], "http");
+    let version = server.routes()["version"].as_u64().unwrap();
+    for transport in ["grpc", "sse", "long-poll"] {
+        let out = server.ctl(&[
+            "--token",
+            "rd",
+            "watch",
+            "--transport",
+            transport,
+            "--id",
+            &format!("ctl-{transport}"),
+            "--count",
+            "1",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{transport}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains(&format!("version {version} "))
+                && text.contains(&format!("via {transport}:")),
+            "{transport}: {text}"
+        );
+    }
+    let out = server.ctl(&["--token", "rd", "status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("GATEWAY"))
+        .unwrap_or_else(|| panic!("{text}"));
+    for column in [
+        "TRANSPORT",
+        "APPLIED",
+        "LAG",
+        "STATE",
+        "LAST SEEN",
+        "LAST NACK",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    // gRPC acknowledges before the next message is read, so that watcher has
+    // applied the version; the others say so on their next request.
+    let grpc = text
+        .lines()
+        .find(|l| l.starts_with("ctl-grpc "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(grpc.contains(" grpc "), "{grpc}");
+    let sse = text
+        .lines()
+        .find(|l| l.starts_with("ctl-sse "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(sse.contains(" sse "), "{sse}");
+}
+
 #[test]
 fn kill_9_mid_incident_resumes_the_same_state() {
     let data = tempfile::tempdir().unwrap();

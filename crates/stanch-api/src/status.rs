@@ -136,6 +136,11 @@ impl WatchTransport {
         WatchTransport::Grpc,
     ];
 
+    /// Its place in [`WatchTransport::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The wire name (`poll`, `long_poll`, `sse`, `grpc`), also the metrics label.
     pub const fn as_str(self) -> &'static str {
         match self {

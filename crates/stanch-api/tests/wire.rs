@@ -47,7 +47,7 @@ fn a_message_kind_of_a_later_schema_decodes_as_none() {
 /// Today's encoder still writes what the first schema wrote: a peer that has the first
 /// schema only reads today's messages.
 #[test]
-fn todays_encoding_of_the_sample_table_is_the_first_schemas() {
+fn todays_message_for_the_sample_table_decodes_as_the_first_schemas_did() {
     let today = v1::WatchResponse {
         kind: Some(watch_response::Kind::Table((&expected()).into())),
     };

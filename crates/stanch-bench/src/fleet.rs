@@ -127,21 +127,21 @@ impl Controller {
     }
 
     fn rss_kib(&self) -> u64 {
-        proc_field(self.pid(), "status", |s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
+        crate::rss_kib(self.pid())
     }
 
-    /// CPU time used so far (user + system), in clock ticks of 10 ms.
+    /// CPU time used so far (user + system), in clock ticks of 10 ms; 0 when it
+    /// cannot be read.
     fn cpu_ticks(&self) -> u64 {
-        proc_field(self.pid(), "stat", |s| {
-            // The fields after the command name, which is in parentheses.
-            let rest = s.rsplit_once(')')?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // The fields after the command name, which is in parentheses.
+        let ticks = |fields: &[&str]| -> Option<u64> {
             Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        })
+        };
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| ticks(&rest.split_whitespace().collect::<Vec<_>>()))
+            .unwrap_or(0)
     }
 }
 
@@ -149,13 +149,6 @@ impl Drop for Controller {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-fn proc_field(pid: u32, file: &str, read: impl Fn(&str) -> Option<u64>) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
-        .ok()
-        .and_then(|s| read(&s))
-        .unwrap_or(0)
 }
 
 /// A spread of up to a second, the same for a watcher and attempt each run.

@@ -721,6 +721,28 @@ fn validate_endpoint(ep: &str, e: &EndpointConfig, problem: &mut impl FnMut(Stri
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_watch_transport_is_chosen_in_config_and_a_wrong_one_refused() {
+        let base = "models: {m: {pools: [{name: p, endpoints: [{url: 'http://127.0.0.1:1'}]}]}}\n";
+        for (word, transport) in [
+            ("auto", stanch_client::Transport::Auto),
+            ("sse", stanch_client::Transport::Sse),
+            ("long_poll", stanch_client::Transport::LongPoll),
+            ("grpc", stanch_client::Transport::Grpc),
+        ] {
+            let yaml = format!("{base}controller: {{url: 'http://c:9797', watch: {word}}}\n");
+            let config = GatewayConfig::from_yaml(&yaml).unwrap();
+            let chosen: stanch_client::Transport = config.controller.unwrap().watch.into();
+            assert_eq!(chosen, transport, "{word}");
+        }
+        let yaml = format!("{base}controller: {{url: 'http://c:9797', watch: grcp}}\n");
+        let err = GatewayConfig::from_yaml(&yaml).unwrap_err().to_string();
+        assert!(
+            err.contains("controller.watch") && err.contains("grpc"),
+            "{err}"
+        );
+    }
+
     use super::*;
 
     /// The problems of `yaml`, as `path: message` lines.

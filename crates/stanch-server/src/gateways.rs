@@ -6,12 +6,14 @@
 //! waiting) is connected and never stale, however long nothing is published.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use axum::http::HeaderMap;
 use stanch_api::Timestamp;
 use stanch_api::headers::{APPLIED_VERSION, GATEWAY_ID, REJECTED_REASON, REJECTED_VERSION};
 use stanch_api::status::{GatewayStatus, WatchTransport};
+
+use crate::metrics::Metrics;
 
 /// Gateways remembered at most; the longest unseen of those without a watch open is
 /// forgotten first.
@@ -47,9 +49,11 @@ pub struct Report {
 }
 
 /// Gateway convergence tracking.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Gateways {
     seen: Mutex<HashMap<String, Seen>>,
+    /// Where refusals are counted and the fleet's gauges set.
+    metrics: Arc<Metrics>,
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -81,6 +85,14 @@ pub fn clean_reason(reason: &str) -> String {
 }
 
 impl Gateways {
+    /// No gateway seen yet.
+    pub fn new(metrics: Arc<Metrics>) -> Gateways {
+        Gateways {
+            seen: Mutex::default(),
+            metrics,
+        }
+    }
+
     /// Records what a watch request's headers say; `None` when they name no gateway
     /// (or a malformed one, which is ignored), else its identity.
     pub fn observe<'h>(
@@ -88,7 +100,6 @@ impl Gateways {
         headers: &'h HeaderMap,
         transport: WatchTransport,
         now: Timestamp,
-        metrics: &crate::metrics::Metrics,
     ) -> Option<&'h str> {
         let id = header(headers, GATEWAY_ID).filter(|id| valid_id(id))?;
         let report = Report {
@@ -102,23 +113,15 @@ impl Gateways {
                     )
                 }),
         };
-        if self.record(id, transport, report, now) {
-            metrics.count_nack(transport);
-        }
+        self.record(id, transport, report, now);
         Some(id)
     }
 
     /// Records that gateway `id` (a [`valid_id`]) was heard from over `transport`.
     /// While it holds a watch open, its transport is that watch's: the requests an
-    /// SSE gateway acknowledges with do not make it a long-poll one. Returns whether
-    /// the report refuses a version not refused before (a NACK to count).
-    pub fn record(
-        &self,
-        id: &str,
-        transport: WatchTransport,
-        report: Report,
-        now: Timestamp,
-    ) -> bool {
+    /// SSE gateway acknowledges with do not make it a long-poll one. A refusal is
+    /// counted once per version (HTTP gateways repeat theirs on every request).
+    pub fn record(&self, id: &str, transport: WatchTransport, report: Report, now: Timestamp) {
         let mut seen = self.seen.lock().expect("gateways lock");
         // The common case, a gateway heard from again, allocates nothing.
         let entry = match seen.get_mut(id) {
@@ -155,7 +158,9 @@ impl Gateways {
         if report.rejected.is_some() {
             entry.rejected = report.rejected;
         }
-        new_refusal
+        if new_refusal {
+            self.metrics.count_nack(transport);
+        }
     }
 
     /// Counts a watch that gateway `id` holds open over `transport` (recorded first
@@ -181,43 +186,50 @@ impl Gateways {
     /// Every gateway with its convergence on `version`, sorted by id. Forgets those
     /// past [`FORGET_AFTER_SECS`].
     pub fn list(&self, now: Timestamp, version: u64) -> Vec<GatewayStatus> {
-        let mut seen = self.seen.lock().expect("gateways lock");
-        seen.retain(|_, s| s.open > 0 || now.since(s.last_seen).as_secs() <= FORGET_AFTER_SECS);
+        let mut seen = self.live(now);
         let mut out: Vec<GatewayStatus> = seen
-            .iter()
-            .map(|(id, s)| {
-                let age_seconds = now.since(s.last_seen).as_secs();
-                GatewayStatus {
-                    id: id.clone(),
-                    transport: s.transport,
-                    connected: s.open > 0,
-                    applied_version: s.applied,
-                    lag: s.applied.map(|a| version.saturating_sub(a)),
-                    rejected: s.rejected.clone(),
-                    last_seen: s.last_seen,
-                    age_seconds,
-                    converged: s.applied == Some(version),
-                    stale: s.open == 0 && age_seconds > STALE_AFTER_SECS,
-                }
-            })
+            .iter_mut()
+            .map(|(id, s)| s.status(id, now, version))
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
 
-    /// Sets the fleet's gauges: gateways by state and transport, and the most any is
-    /// behind. Every series is set, to zero when none counts, so none goes stale.
-    pub fn export(&self, now: Timestamp, version: u64, metrics: &crate::metrics::Metrics) {
+    /// The map, with those past [`FORGET_AFTER_SECS`] forgotten.
+    fn live(&self, now: Timestamp) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
+        let mut seen = self.seen.lock().expect("gateways lock");
+        seen.retain(|_, s| s.open > 0 || now.since(s.last_seen).as_secs() <= FORGET_AFTER_SECS);
+        seen
+    }
+
+    /// Sets the fleet's gauges: gateways by state and transport, and the most any that
+    /// is not stale is behind (one that has applied none counts as behind by the whole
+    /// published version). Every series is set, to zero when none counts, so none goes
+    /// stale. Counts in place: a scrape copies no gateway.
+    pub fn export(&self, now: Timestamp, version: u64) {
         use crate::metrics::{GatewayLabels, TransportLabel};
-        let summary = self.summary(now, version);
+        const STATES: [&str; 3] = ["converged", "lagging", "stale"];
+        let mut counts = [[0i64; 3]; WatchTransport::ALL.len()];
+        let mut max_lag = [0u64; WatchTransport::ALL.len()];
+        for s in self.live(now).values() {
+            let t = s.transport.index();
+            let (stale, converged) = (s.stale(now), s.applied == Some(version));
+            counts[t][if stale {
+                2
+            } else if converged {
+                0
+            } else {
+                1
+            }] += 1;
+            if !stale {
+                let lag = s.applied.map_or(version, |a| version.saturating_sub(a));
+                max_lag[t] = max_lag[t].max(lag);
+            }
+        }
         for transport in WatchTransport::ALL {
-            for kind in ["converged", "lagging", "stale"] {
-                let n = summary
-                    .by_state
-                    .get(&(transport, kind))
-                    .copied()
-                    .unwrap_or(0);
-                metrics
+            let t = transport.index();
+            for (kind, n) in STATES.into_iter().zip(counts[t]) {
+                self.metrics
                     .gateways
                     .get_or_create(&GatewayLabels {
                         kind,
@@ -225,44 +237,157 @@ impl Gateways {
                     })
                     .set(n);
             }
-            let lag = summary.max_lag.get(&transport).copied().unwrap_or(0);
-            metrics
+            self.metrics
                 .gateway_max_lag
                 .get_or_create(&TransportLabel {
                     transport: transport.as_str(),
                 })
-                .set(i64::try_from(lag).unwrap_or(i64::MAX));
+                .set(i64::try_from(max_lag[t]).unwrap_or(i64::MAX));
         }
-    }
-
-    /// What the metrics say of the fleet, by transport.
-    pub fn summary(&self, now: Timestamp, version: u64) -> Summary {
-        let mut summary = Summary::default();
-        for g in self.list(now, version) {
-            let state = if g.stale {
-                "stale"
-            } else if g.converged {
-                "converged"
-            } else {
-                "lagging"
-            };
-            *summary.by_state.entry((g.transport, state)).or_default() += 1;
-            if !g.stale {
-                let lag = g.lag.unwrap_or(version);
-                let max = summary.max_lag.entry(g.transport).or_default();
-                *max = (*max).max(lag);
-            }
-        }
-        summary
     }
 }
 
-/// The fleet in numbers.
-#[derive(Debug, Default)]
-pub struct Summary {
-    /// Gateways by (transport, `converged` | `lagging` | `stale`).
-    pub by_state: std::collections::BTreeMap<(WatchTransport, &'static str), i64>,
-    /// The most versions any gateway that is not stale is behind, by transport (one
-    /// that has applied none counts as behind by the whole published version).
-    pub max_lag: std::collections::BTreeMap<WatchTransport, u64>,
+impl Seen {
+    fn stale(&self, now: Timestamp) -> bool {
+        self.open == 0 && now.since(self.last_seen).as_secs() > STALE_AFTER_SECS
+    }
+
+    fn status(&self, id: &str, now: Timestamp, version: u64) -> GatewayStatus {
+        GatewayStatus {
+            id: id.to_owned(),
+            transport: self.transport,
+            connected: self.open > 0,
+            applied_version: self.applied,
+            lag: self.applied.map(|a| version.saturating_sub(a)),
+            rejected: self.rejected.clone(),
+            last_seen: self.last_seen,
+            age_seconds: now.since(self.last_seen).as_secs(),
+            converged: self.applied == Some(version),
+            stale: self.stale(now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn gateways() -> (Gateways, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        (Gateways::new(metrics.clone()), metrics)
+    }
+
+    fn at(secs: u64) -> Timestamp {
+        Timestamp::from_millis(1_800_000_000_000).saturating_add(Duration::from_secs(secs))
+    }
+
+    fn applied(v: u64) -> Report {
+        Report {
+            applied: Some(v),
+            rejected: None,
+        }
+    }
+
+    #[test]
+    fn only_a_gateway_with_no_watch_open_goes_stale_and_is_then_forgotten() {
+        let (g, _) = gateways();
+        g.record("streaming", WatchTransport::Grpc, applied(3), at(0));
+        g.opened("streaming", WatchTransport::Grpc);
+        g.record("polling", WatchTransport::LongPoll, applied(3), at(0));
+        let now = at(STALE_AFTER_SECS + 1);
+        let list = g.list(now, 3);
+        assert_eq!(
+            list.iter()
+                .map(|s| (s.id.as_str(), s.stale))
+                .collect::<Vec<_>>(),
+            [("polling", true), ("streaming", false)]
+        );
+        let later = at(FORGET_AFTER_SECS + 1);
+        let ids: Vec<String> = g.list(later, 3).into_iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["streaming"], "an open watch is never forgotten");
+        g.closed("streaming", later);
+        assert!(!g.list(later, 3)[0].connected);
+        assert!(!g.list(later, 3)[0].stale, "just closed");
+    }
+
+    #[test]
+    fn a_watch_open_keeps_its_transport_against_the_requests_beside_it() {
+        let (g, _) = gateways();
+        g.record("gw", WatchTransport::Sse, Report::default(), at(0));
+        g.opened("gw", WatchTransport::Sse);
+        // The SSE gateway acknowledges with a long-poll that waits.
+        g.record("gw", WatchTransport::LongPoll, applied(4), at(1));
+        g.opened("gw", WatchTransport::LongPoll);
+        g.closed("gw", at(1));
+        assert_eq!(g.list(at(1), 4)[0].transport, WatchTransport::Sse);
+        g.closed("gw", at(2));
+        g.record("gw", WatchTransport::LongPoll, applied(4), at(3));
+        assert_eq!(g.list(at(3), 4)[0].transport, WatchTransport::LongPoll);
+    }
+
+    #[test]
+    fn a_refused_version_is_counted_once_however_often_it_is_reported() {
+        let (g, metrics) = gateways();
+        let refuse = |v: u64| Report {
+            applied: Some(1),
+            rejected: Some((v, "unknown pool".into())),
+        };
+        for _ in 0..3 {
+            g.record("gw", WatchTransport::LongPoll, refuse(2), at(0));
+        }
+        g.record("gw", WatchTransport::LongPoll, refuse(3), at(0));
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"stanch_gateway_nacks_total{transport="long_poll"} 2"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_gauges_count_by_state_and_transport_and_the_lag_of_those_not_stale() {
+        let (g, metrics) = gateways();
+        g.record("a", WatchTransport::Grpc, applied(10), at(0));
+        g.record("b", WatchTransport::Grpc, applied(7), at(0));
+        g.record("c", WatchTransport::Sse, Report::default(), at(0));
+        g.record("gone", WatchTransport::Grpc, applied(1), at(0));
+        for id in ["a", "b", "c"] {
+            g.opened(
+                id,
+                if id == "c" {
+                    WatchTransport::Sse
+                } else {
+                    WatchTransport::Grpc
+                },
+            );
+        }
+        g.export(at(STALE_AFTER_SECS + 1), 10);
+        let text = metrics.encode();
+        for line in [
+            r#"stanch_gateways{kind="converged",transport="grpc"} 1"#,
+            r#"stanch_gateways{kind="lagging",transport="grpc"} 1"#,
+            r#"stanch_gateways{kind="stale",transport="grpc"} 1"#,
+            r#"stanch_gateways{kind="lagging",transport="sse"} 1"#,
+            r#"stanch_gateways{kind="converged",transport="poll"} 0"#,
+            r#"stanch_gateway_max_lag_versions{transport="grpc"} 3"#,
+            r#"stanch_gateway_max_lag_versions{transport="sse"} 10"#,
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+    }
+
+    #[test]
+    fn identities_and_reasons_are_bounded_and_printable() {
+        assert!(valid_id("gw-1"));
+        for bad in ["", "a\nb", &"x".repeat(MAX_ID_LEN + 1)] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+        assert_eq!(clean_reason("  "), "no reason given");
+        assert_eq!(clean_reason("a\r\nb"), "a  b");
+        assert_eq!(
+            clean_reason(&"é".repeat(1000)).chars().count(),
+            MAX_REASON_CHARS
+        );
+    }
 }

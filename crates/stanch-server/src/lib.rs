@@ -264,6 +264,9 @@ impl Controller {
         );
         let shared = Arc::new(shared);
         let app = api::router(shared.clone());
+        if shared.server.watch.grpc {
+            tasks.spawn(api::report_health(shared.clone(), until_stopped()));
+        }
         tasks.spawn(started.task.run(until_stopped()));
         let scheme = if tls.is_some() { "https" } else { "http" };
         tasks.spawn(

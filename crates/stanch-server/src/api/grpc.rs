@@ -23,7 +23,7 @@ use tracing::debug;
 
 use super::{AppState, WatcherGuard};
 use crate::auth::Role;
-use crate::gateways::{Report, clean_reason, valid_id};
+use crate::gateways::{MAX_ID_LEN, Report, clean_reason, valid_id};
 use crate::net::CloseConnection;
 
 /// The largest message a gateway may send (Hello, Ack and Nack are a few hundred
@@ -37,8 +37,9 @@ const SENT_KEPT: usize = 16;
 
 /// The gRPC services as one router, for the API router to merge.
 pub(super) fn router(state: AppState) -> axum::Router {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    tokio::spawn(report_health(state.clone(), health));
+    let health = tonic_health::pb::health_server::HealthServer::new(
+        tonic_health::server::HealthService::from_health_reporter(state.health.clone()),
+    );
     let descriptors = [
         stanch_api::proto::FILE_DESCRIPTOR_SET,
         tonic_health::pb::FILE_DESCRIPTOR_SET,
@@ -54,7 +55,7 @@ pub(super) fn router(state: AppState) -> axum::Router {
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
     let built = "the descriptors compiled at build time";
     let router = mount(axum::Router::new(), watch);
-    let router = mount(router, health_service);
+    let router = mount(router, health);
     let router = mount(router, v1.build_v1().expect(built));
     mount(router, v1alpha.build_v1alpha().expect(built))
 }
@@ -77,24 +78,32 @@ where
     router.route_service(&format!("/{}/{{*method}}", S::NAME), service)
 }
 
-/// Keeps `grpc.health.v1` truthful: the watch service is SERVING while this replica
-/// has a route table to serve, NOT_SERVING before (a follower that has not read the
-/// leader's state). The server as a whole (service `""`) is SERVING while it runs.
-async fn report_health(state: AppState, health: tonic_health::server::HealthReporter) {
+/// Keeps `grpc.health.v1` truthful until `stop`: the watch service is SERVING while
+/// this replica has a route table to serve, NOT_SERVING before (a follower that has
+/// not read the leader's state). The server as a whole (service `""`) is SERVING
+/// while it runs; both are NOT_SERVING once it stops, while connections drain.
+pub(crate) async fn report_health(state: AppState, stop: impl std::future::Future<Output = ()>) {
     use tonic_health::ServingStatus;
+    let health = &state.health;
+    let watch = stanch_api::proto::ROUTE_WATCH_SERVICE;
     let mut published = state.publisher.subscribe();
+    tokio::pin!(stop);
     loop {
         let status = if state.publisher.table().is_some() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
         };
-        health
-            .set_service_status(stanch_api::proto::ROUTE_WATCH_SERVICE, status)
-            .await;
-        if published.changed().await.is_err() {
-            return;
+        health.set_service_status(watch, status).await;
+        tokio::select! {
+            changed = published.changed() => if changed.is_err() { break },
+            () = &mut stop => break,
         }
+    }
+    for service in ["", watch] {
+        health
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
     }
 }
 
@@ -242,9 +251,9 @@ impl Session {
             None => return Err(Status::cancelled("the gateway closed its stream")),
         };
         if !valid_id(&hello.gateway_id) {
-            return Err(Status::invalid_argument(
-                "Hello.gateway_id: must be 1 to 128 bytes without control characters",
-            ));
+            return Err(Status::invalid_argument(format!(
+                "Hello.gateway_id: must be 1 to {MAX_ID_LEN} bytes without control characters"
+            )));
         }
         let holds = (!hello.epoch.is_empty()).then(|| (hello.epoch.clone(), hello.version));
         let report = Report {
@@ -262,8 +271,7 @@ impl Session {
 
     /// Takes in one message after the Hello: an Ack or a Nack of a table this
     /// session sent.
-    fn receive(&mut self, message: Result<Option<v1::WatchRequest>, Status>) -> Result<(), End> {
-        let id = self.guard.gateway().unwrap_or_default().to_owned();
+    fn receive(&self, message: Result<Option<v1::WatchRequest>, Status>) -> Result<(), End> {
         let now = self.state.clock.now();
         let report = match unread(message).map_err(Some)? {
             None => return Err(None),
@@ -287,10 +295,10 @@ impl Session {
                 }
             }
         };
-        let gateways = &self.state.gateways;
-        if gateways.record(&id, WatchTransport::Grpc, report, now) {
-            self.state.metrics.count_nack(WatchTransport::Grpc);
-        }
+        let id = self.guard.gateway().unwrap_or_default();
+        self.state
+            .gateways
+            .record(id, WatchTransport::Grpc, report, now);
         Ok(())
     }
 

@@ -5,6 +5,7 @@
 
 mod admin;
 mod grpc;
+pub(crate) use grpc::report_health;
 mod intake;
 mod read;
 mod watch;
@@ -65,7 +66,9 @@ pub struct Shared {
     pub reconcile: Option<Arc<Notify>>,
     /// Whether this replica decides: followers refuse writes.
     pub leadership: Arc<Leadership>,
-    /// Connected watchers (long-poll and SSE).
+    /// What `grpc.health.v1` answers (`grpc::report_health` keeps it).
+    pub(crate) health: tonic_health::server::HealthReporter,
+    /// Connected watchers (long-poll, SSE and gRPC).
     watchers: AtomicUsize,
     /// The bytes of request bodies still arriving.
     bodies: BodyBudget,
@@ -94,12 +97,13 @@ impl Shared {
             engine,
             publisher,
             history,
-            gateways: Gateways::default(),
+            gateways: Gateways::new(metrics.clone()),
             metrics,
             tokens,
             clock,
             store,
             watchers: AtomicUsize::new(0),
+            health: tonic_health::server::HealthReporter::new(),
             bodies: BodyBudget::new(server.intake.max_partial_body_bytes),
             config: ArcSwap::new(config),
             server,
@@ -259,7 +263,7 @@ impl WatcherGuard {
     pub(crate) fn admit(
         state: &AppState,
         transport: WatchTransport,
-        gateway: Option<&str>,
+        gateway: Option<String>,
     ) -> Result<WatcherGuard, TooManyWatchers> {
         let max = state.server.watch.max_watchers;
         let admitted = state
@@ -278,13 +282,13 @@ impl WatcherGuard {
                 kind: transport.as_str(),
             })
             .inc();
-        if let Some(id) = gateway {
+        if let Some(id) = &gateway {
             state.gateways.opened(id, transport);
         }
         Ok(WatcherGuard {
             state: state.clone(),
             transport,
-            gateway: gateway.map(str::to_owned),
+            gateway,
         })
     }
 }

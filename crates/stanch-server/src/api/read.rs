@@ -86,9 +86,7 @@ const HISTORY_NEWEST: &str = "x-stanch-history-newest";
 /// `GET /metrics`
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     let snap = state.publisher.load();
-    state
-        .gateways
-        .export(state.clock.now(), snap.table.version, &state.metrics);
+    state.gateways.export(state.clock.now(), snap.table.version);
     let mut response = state.metrics.encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -71,7 +71,7 @@ pub(super) async fn routes(
     };
     let gateway = state
         .gateways
-        .observe(&headers, transport, state.clock.now(), &state.metrics)
+        .observe(&headers, transport, state.clock.now())
         .map(str::to_owned);
     let snap = super::table(&state)?;
     let Some(after) = query.after else {
@@ -103,7 +103,7 @@ pub(super) async fn routes(
     // the wait would pin that buffer and make the connection allocate another.
     drop(headers);
     drop(snap);
-    let _guard = WatcherGuard::admit(&state, transport, gateway.as_deref())?;
+    let _guard = WatcherGuard::admit(&state, transport, gateway)?;
     let mut rx = state.publisher.subscribe();
     let deadline = tokio::time::sleep(wait);
     tokio::pin!(deadline);
@@ -146,12 +146,10 @@ pub(super) async fn stream(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let gateway = state.gateways.observe(
-        &headers,
-        WatchTransport::Sse,
-        state.clock.now(),
-        &state.metrics,
-    );
+    let gateway = state
+        .gateways
+        .observe(&headers, WatchTransport::Sse, state.clock.now())
+        .map(str::to_owned);
     super::table(&state)?;
     let guard = WatcherGuard::admit(&state, WatchTransport::Sse, gateway)?;
     let resume: Option<u64> = headers

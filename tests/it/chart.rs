@@ -16,7 +16,7 @@ pub(crate) const NS: &str = "monitoring";
 
 /// A tool `scripts/install-test-deps.sh` puts under `target/`: `env` names its
 /// override.
-fn tool(env: &str, under_target: &str) -> PathBuf {
+pub(crate) fn tool(env: &str, under_target: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {
         return PathBuf::from(p);
     }

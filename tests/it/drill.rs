@@ -94,13 +94,7 @@ fn send(
 
 /// Checks that a restarted controller has everything acknowledged, cleanly.
 fn check(server: &Server, acked: &Acked, epoch: &mut Option<String>, version: &mut u64) {
-    let status: Value = client()
-        .get(format!("{}/v1/status", server.base))
-        .bearer_auth("rd")
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let status = server.status();
     assert!(
         status["store"]["recovered_from_corruption"].is_null(),
         "a clean restart: {}",

@@ -20,9 +20,11 @@ use tokio::time::Instant;
 
 const INGEST: &str = "e2e-ingest";
 
-fn bin(names: &[&str]) -> PathBuf {
+/// The first of `names` on `PATH`, or in `/usr/sbin` where Debian puts daemons.
+pub(crate) fn bin(names: &[&str]) -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
     for name in names {
-        for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        for dir in path.split(':').chain(["/usr/sbin"]) {
             let p = Path::new(dir).join(name);
             if p.is_file() {
                 return p;

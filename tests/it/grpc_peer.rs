@@ -74,13 +74,7 @@ fn grpcio_reflects_checks_health_and_watches_with_acks() {
     );
 
     // Its Acks reached the status report.
-    let status: Value = client()
-        .get(format!("{}/v1/status", server.base))
-        .bearer_auth("rd")
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let status = server.status();
     let peer = status["gateways"]
         .as_array()
         .unwrap()

@@ -10,3 +10,4 @@ mod image;
 mod kubernetes;
 mod process;
 mod rules;
+mod ui;

@@ -29,6 +29,18 @@ impl Server {
         filter: &str,
         log: impl Into<Stdio>,
     ) -> Server {
+        Server::start_with(data, extra, scheme, filter, log, ["adm", "ing", "rd"])
+    }
+
+    /// Starts with these admin, ingest and read tokens.
+    pub(crate) fn start_with(
+        data: &Path,
+        extra: &[&str],
+        scheme: &str,
+        filter: &str,
+        log: impl Into<Stdio>,
+        [admin, ingest, read]: [&str; 3],
+    ) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -43,9 +55,9 @@ impl Server {
             ])
             .arg(data)
             .args(extra)
-            .env("STANCH_ADMIN_TOKEN", "adm")
-            .env("STANCH_INGEST_TOKEN", "ing")
-            .env("STANCH_READ_TOKEN", "rd")
+            .env("STANCH_ADMIN_TOKEN", admin)
+            .env("STANCH_INGEST_TOKEN", ingest)
+            .env("STANCH_READ_TOKEN", read)
             .env("RUST_LOG", filter)
             .stdout(Stdio::null())
             .stderr(log)
@@ -72,6 +84,16 @@ impl Server {
     pub(crate) fn routes(&self) -> Value {
         client()
             .get(format!("{}/v1/routes", self.base))
+            .bearer_auth("rd")
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    pub(crate) fn status(&self) -> Value {
+        client()
+            .get(format!("{}/v1/status", self.base))
             .bearer_auth("rd")
             .send()
             .unwrap()
@@ -287,6 +309,86 @@ fn ctl_shows_tables_json_and_errors() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// `stanch ctl status` shows what the status page shows, from the same report: the
+/// alert behind a rung with its labels, when the model steps down, where a block came
+/// from; and `--output json` is that report itself.
+#[test]
+fn ctl_status_shows_why_what_next_and_where_blocks_came_from() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(data.path(), &[], "http");
+    let http = client();
+    let webhook = |fixture: &str| {
+        let r = http
+            .post(format!("{}/v1/alerts/alertmanager", server.base))
+            .bearer_auth("ing")
+            .body(std::fs::read(fixture).unwrap())
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    };
+    let status = || {
+        let out = server.ctl(&["--token", "rd", "status"]);
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    webhook(FIXTURE);
+    let text = status();
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("a line for {prefix}: {text}"))
+            .to_owned()
+    };
+    assert!(text.contains("STEPS DOWN"), "{text}");
+    let condition = line("qwen-72b  LLMModelHighFailureRate");
+    assert!(condition.contains("pool dc-a failing"), "{condition}");
+    assert!(condition.contains(r#"pool="dc-a""#), "{condition}");
+
+    webhook(&FIXTURE.replace("firing", "resolved"));
+    let out = server.ctl(&[
+        "--token",
+        "adm",
+        "block",
+        "10.0.0.7:8000",
+        "--ttl",
+        "1h",
+        "--reason",
+        "bad GPU",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = status();
+    let model = text
+        .lines()
+        .find(|l| l.starts_with("qwen-72b ") && l.contains("failover"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(model.contains("normal in "), "when it steps down: {model}");
+    let block = text
+        .lines()
+        .find(|l| l.starts_with("10.0.0.7:8000"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        block.contains("operator") && block.contains("bad GPU"),
+        "{block}"
+    );
+
+    let out = server.ctl(&["--token", "rd", "--output", "json", "status"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let api = server.status();
+    // The same facts (what counts down aside): the report itself.
+    let facts = |r: &Value| {
+        let mut blocked = r["blocked"].clone();
+        blocked[0]["seconds_left"] = Value::Null;
+        let m = &r["models"]["qwen-72b"];
+        (m["conditions"].clone(), m["step_down"].clone(), blocked)
+    };
+    assert_eq!(facts(&json), facts(&api));
+    assert_eq!(json["blocked"][0]["source"], "operator");
 }
 
 #[test]

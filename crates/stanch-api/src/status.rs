@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Fingerprint, HumanDuration, Rung, Timestamp};
+use crate::{Fingerprint, HumanDuration, Labels, Rung, Timestamp};
 
 /// Everything an on-call engineer needs to see at once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,6 +62,37 @@ pub struct ModelStatus {
     pub unhealthy_pools: Vec<String>,
     /// Alerts acting on this model.
     pub alerts: Vec<Fingerprint>,
+    /// Those alerts, each with what it means for the model.
+    #[serde(default)]
+    pub conditions: Vec<ConditionStatus>,
+    /// The next step down the ladder, once the conditions behind the rung have
+    /// cleared: `None` while they hold, on the normal rung, and under an override.
+    #[serde(default)]
+    pub step_down: Option<StepDown>,
+}
+
+/// An alert acting on a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConditionStatus {
+    /// The alert's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// Its `alertname` label, if any.
+    pub alertname: Option<String>,
+    /// Its labels.
+    pub labels: Labels,
+    /// When the alert's condition started (the sender's `startsAt`).
+    pub starts_at: Timestamp,
+    /// What it means here, e.g. `qwen-72b pool dc-a failing`.
+    pub effect: String,
+}
+
+/// A step down the ladder the model will take on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepDown {
+    /// The rung it steps down to.
+    pub to: Rung,
+    /// When, if no alert needs the current rung again before then.
+    pub at: Timestamp,
 }
 
 /// An override's who, why and until when.
@@ -111,6 +142,42 @@ pub struct BlockStatus {
     pub strikes: u32,
     /// Why.
     pub reason: String,
+    /// Who asked for it.
+    #[serde(default)]
+    pub source: BlockOrigin,
+    /// The alert that asked, for a block from an alert.
+    #[serde(default)]
+    pub alert: Option<Fingerprint>,
+    /// When it began.
+    #[serde(default)]
+    pub since: Timestamp,
+}
+
+/// Who asked for an endpoint block.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockOrigin {
+    /// A `block-endpoint` alert.
+    Alert,
+    /// The gateways' merged outcome reports.
+    Fleet,
+    /// An operator through the admin API.
+    Operator,
+    /// Not told (a controller older than this field).
+    #[default]
+    Unknown,
+}
+
+impl BlockOrigin {
+    /// The name used in JSON and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockOrigin::Alert => "alert",
+            BlockOrigin::Fleet => "fleet",
+            BlockOrigin::Operator => "operator",
+            BlockOrigin::Unknown => "unknown",
+        }
+    }
 }
 
 /// How a gateway follows the route table.

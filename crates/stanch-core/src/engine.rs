@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use stanch_api::admin::MAX_TTL;
 use stanch_api::alerts::{AlertSource, AlertStatus, IncomingAlert};
 use stanch_api::routes::{BlockedEndpoint, ModelRoute};
-use stanch_api::status::{BlockStatus, ForceInfo, ModelStatus, OverrideInfo};
+use stanch_api::status::{
+    BlockOrigin, BlockStatus, ConditionStatus, ForceInfo, ModelStatus, OverrideInfo, StepDown,
+};
 use stanch_api::{Fingerprint, HumanDuration, RouteTable, Rung, Timestamp};
 
 use crate::blocks::{self, NewBlock};
@@ -321,16 +323,30 @@ impl Engine {
         Some(ladder::plan(model, config, &health, &self.config.models).target)
     }
 
-    /// Status per model, as published and as decided.
-    pub fn model_status(&self) -> std::collections::BTreeMap<String, ModelStatus> {
+    /// Status per model, as published and as decided, at `now`.
+    pub fn model_status(&self, now: Timestamp) -> std::collections::BTreeMap<String, ModelStatus> {
+        let health = Health::from_alerts(&self.state.alerts);
         self.state
             .models
             .iter()
             .map(|(name, st)| {
-                let policy = self.config.models.get(name).map_or_else(
+                let model = self.config.models.get(name);
+                let policy = model.map_or_else(
                     || self.config.ladder.clone(),
                     |m| m.ladder_policy(&self.config.ladder),
                 );
+                let automated = st.force.is_none() && self.frozen(Some(name)).is_none();
+                let step_down = model.filter(|_| automated).and_then(|model| {
+                    let plan = ladder::plan(name, model, &health, &self.config.models);
+                    let cx = Ctx {
+                        name,
+                        model,
+                        policy: &policy,
+                        plan: &plan,
+                        now,
+                    };
+                    ladder::step_down(st, &cx).map(|(to, at)| StepDown { to, at })
+                });
                 let published = self.state.published.models.get(name);
                 let status = ModelStatus {
                     rung: published.map_or(st.rung, |p| p.rung),
@@ -350,6 +366,22 @@ impl Engine {
                     ),
                     unhealthy_pools: st.unhealthy_pools.clone(),
                     alerts: st.alerts.clone(),
+                    conditions: st
+                        .alerts
+                        .iter()
+                        .filter_map(|fp| self.state.alerts.get(fp))
+                        .map(|r| ConditionStatus {
+                            fingerprint: r.alert.fingerprint,
+                            alertname: r.alertname().map(str::to_owned),
+                            labels: r.alert.labels.clone(),
+                            starts_at: r.alert.starts_at,
+                            effect: r
+                                .condition
+                                .as_ref()
+                                .map_or_else(String::new, ToString::to_string),
+                        })
+                        .collect(),
+                    step_down,
                 };
                 (name.clone(), status)
             })
@@ -368,6 +400,16 @@ impl Engine {
                 seconds_left: b.until.since(now).as_secs(),
                 strikes: b.strikes,
                 reason: b.reason.clone(),
+                source: match b.source {
+                    BlockSource::Alert(_) => BlockOrigin::Alert,
+                    BlockSource::Fleet => BlockOrigin::Fleet,
+                    BlockSource::Operator => BlockOrigin::Operator,
+                },
+                alert: match b.source {
+                    BlockSource::Alert(fp) => Some(fp),
+                    BlockSource::Fleet | BlockSource::Operator => None,
+                },
+                since: b.since,
             })
             .collect()
     }

@@ -310,6 +310,11 @@ pub(crate) fn evaluate(
     }
 }
 
+/// The next step down and when it becomes possible, for the status report.
+pub(crate) fn step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp)> {
+    next_step_down(st, cx).map(|(to, at, _)| (to, at))
+}
+
 /// The next step down, when it becomes possible, and the rule for it.
 fn next_step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp, Rule)> {
     if cx.plan.target >= st.rung {

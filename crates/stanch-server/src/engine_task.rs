@@ -930,7 +930,7 @@ fn snapshot_of(engine: &Engine, now: Timestamp) -> Snapshot {
     };
     Snapshot::new(
         engine.route_table(),
-        engine.model_status(),
+        engine.model_status(now),
         engine.block_status(now),
         s.dry_run.clone(),
         s.global_freeze.clone(),

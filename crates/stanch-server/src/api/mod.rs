@@ -8,6 +8,7 @@ mod grpc;
 pub(crate) use grpc::report_health;
 mod intake;
 mod read;
+mod ui;
 mod watch;
 
 use std::sync::Arc;
@@ -137,6 +138,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
+    ("GET", "/"),
+    ("GET", "/ui/{asset}"),
 ];
 
 /// Builds the router.
@@ -179,7 +182,9 @@ pub fn router(state: AppState) -> Router {
     let open = Router::new()
         .route("/metrics", get(read::metrics))
         .route("/healthz", get(read::healthz))
-        .route("/readyz", get(read::readyz));
+        .route("/readyz", get(read::readyz))
+        .route("/", get(ui::index))
+        .route("/ui/{asset}", get(ui::asset));
     let grpc = if state.server.watch.grpc {
         grpc::router(state.clone())
     } else {

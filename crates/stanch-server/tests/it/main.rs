@@ -13,5 +13,6 @@ mod openapi;
 mod reconcile;
 mod restart;
 mod slow;
+mod status;
 mod support;
 mod watch;

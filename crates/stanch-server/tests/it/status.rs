@@ -1,0 +1,211 @@
+//! The status report behind `stanch ctl status` and the status page: why each model is
+//! where it is, what it will do next, and where each block came from; and the page's
+//! own files, served without a token under a strict policy.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stanch_api::{HumanDuration, Timestamp};
+use stanch_server::clock::Clock;
+
+use crate::support::*;
+
+fn at(v: &Value) -> Timestamp {
+    Timestamp::parse_rfc3339(v.as_str().unwrap_or_else(|| panic!("a time: {v}"))).unwrap()
+}
+
+/// While the alert fires, the model shows it as the condition behind its rung (with
+/// its labels and start) and no step down; once resolved, when it will step down; a
+/// forced model shows none, since automation does not move it.
+#[tokio::test]
+async fn conditions_and_the_next_step_down() {
+    let h = Harness::start().await;
+    fail_dc_a(&h).await;
+    let m = &h.json("/v1/status").await["models"]["qwen-72b"];
+    assert_eq!(m["rung"], "failover");
+    let conditions = m["conditions"].as_array().unwrap();
+    assert_eq!(conditions.len(), 1, "{m}");
+    let c = &conditions[0];
+    assert_eq!(c["alertname"], "LLMModelHighFailureRate");
+    assert_eq!(c["fingerprint"], m["alerts"][0]);
+    assert_eq!(c["labels"]["pool"], "dc-a");
+    assert_eq!(c["labels"]["severity"], "critical");
+    assert_eq!(
+        at(&c["starts_at"]),
+        Timestamp::parse_rfc3339("2026-11-30T00:06:54.148Z").unwrap()
+    );
+    assert!(
+        c["effect"].as_str().unwrap().contains("dc-a"),
+        "the effect names the pool: {c}"
+    );
+    assert_eq!(
+        m["step_down"],
+        Value::Null,
+        "the alert still needs failover"
+    );
+
+    h.clock.advance(Duration::from_secs(5));
+    let resolved_at = h.clock.now();
+    h.webhook(fixture("alertmanager-v4-resolved-failover.json"))
+        .await;
+    let m = &h.json("/v1/status").await["models"]["qwen-72b"];
+    assert_eq!(m["rung"], "failover", "held for recover_after");
+    assert_eq!(m["conditions"], json!([]));
+    let recover_after = m["recover_after"]
+        .as_str()
+        .unwrap()
+        .parse::<HumanDuration>()
+        .unwrap()
+        .0;
+    assert_eq!(m["step_down"]["to"], "normal");
+    assert_eq!(at(&m["step_down"]["at"]), resolved_at + recover_after);
+
+    // Reached on its own once that time passes; then there is nothing to step down to.
+    h.clock.advance(recover_after);
+    crate::intake::wait_for(|| async {
+        h.json("/v1/status").await["models"]["qwen-72b"]["rung"] == "normal"
+    })
+    .await;
+    assert_eq!(
+        h.json("/v1/status").await["models"]["qwen-72b"]["step_down"],
+        Value::Null
+    );
+
+    // A new incident, resolved: it would step down again, until an operator forces it.
+    let labels = [
+        ("alertname", "LLMModelHighFailureRate"),
+        ("action", "trigger-failover"),
+        ("target_model", "qwen-72b"),
+        ("pool", "dc-a"),
+    ];
+    for state in ["firing", "resolved"] {
+        let r = h
+            .webhook(webhook_body(state, &labels, "2026-11-30T00:08:00Z"))
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_ne!(
+        h.json("/v1/status").await["models"]["qwen-72b"]["step_down"],
+        Value::Null
+    );
+    let r = h
+        .admin(
+            "force",
+            json!({"model": "qwen-72b", "rung": "failover", "ttl": "10m", "reason": "hold"}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        h.json("/v1/status").await["models"]["qwen-72b"]["step_down"],
+        Value::Null,
+        "a forced model does not step down on its own"
+    );
+}
+
+/// A block says where it came from: the alert (with its fingerprint) or an operator.
+#[tokio::test]
+async fn blocks_name_their_source() {
+    let h = Harness::start().await;
+    let r = h
+        .webhook(webhook_body(
+            "firing",
+            &[
+                ("alertname", "EndpointDown"),
+                ("action", "block-endpoint"),
+                ("endpoint", "10.0.0.1:8000"),
+            ],
+            "2026-11-30T00:06:00Z",
+        ))
+        .await;
+    assert_eq!(r.status(), 200);
+    let r = h
+        .admin(
+            "block",
+            json!({"endpoint": "10.0.0.7:8000", "ttl": "2m", "reason": "bad GPU"}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let status = h.json("/v1/status").await;
+    let blocks = status["blocked"].as_array().unwrap();
+    let by = |endpoint: &str| {
+        blocks
+            .iter()
+            .find(|b| b["endpoint"] == endpoint)
+            .unwrap_or_else(|| panic!("{endpoint} blocked: {status}"))
+    };
+    let alert = by("10.0.0.1:8000");
+    assert_eq!(alert["source"], "alert");
+    assert!(alert["alert"].is_string(), "{alert}");
+    assert_eq!(at(&alert["since"]), fixture_time());
+    let operator = by("10.0.0.7:8000");
+    assert_eq!(operator["source"], "operator");
+    assert_eq!(operator["alert"], Value::Null);
+    assert_eq!(operator["reason"], "bad GPU");
+}
+
+/// `GET /` and `/ui/…` need no token (they carry no data), come with a policy that
+/// lets nothing but this origin's own script run, revalidate by ETag, and name the
+/// files there are when asked for one that is not.
+#[tokio::test]
+async fn the_page_is_served_without_a_token_under_a_strict_policy() {
+    let h = Harness::start().await;
+    let page = h.get("/", None).await;
+    assert_eq!(page.status(), 200);
+    let headers = page.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    for directive in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(directive), "{csp}");
+    }
+    assert!(!csp.contains("unsafe"), "{csp}");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(headers["cache-control"], "no-cache");
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains(r#"src="ui/app.js""#),
+        "relative, for a path prefix"
+    );
+    assert!(
+        !html.contains("<script>") && !html.contains(" style="),
+        "no inline code"
+    );
+
+    for (asset, kind) in [
+        ("app.js", "text/javascript"),
+        ("app.css", "text/css"),
+        ("icon.svg", "image/svg+xml"),
+    ] {
+        let r = h.get(&format!("/ui/{asset}"), None).await;
+        assert_eq!(r.status(), 200, "{asset}");
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(kind),
+            "{asset}"
+        );
+        let etag = r.headers()["etag"].clone();
+        let again = h
+            .http
+            .get(h.url(&format!("/ui/{asset}")))
+            .header("if-none-match", etag)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status(), 304, "{asset} unchanged");
+    }
+
+    let r = h.get("/ui/secrets.json", None).await;
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["detail"].as_str().unwrap().contains("app.js"),
+        "names what there is: {e}"
+    );
+    // The data behind the page still needs the read token.
+    assert_eq!(h.get("/v1/status", None).await.status(), 401);
+}

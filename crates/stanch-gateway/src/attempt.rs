@@ -1,11 +1,17 @@
 //! Attempt: the plan's targets in order, an endpoint at a time, until one answers.
 //!
-//! Within a pool, the balancer chooses among the endpoints not yet tried (blocked ones
-//! last); every attempt after the first waits a jittered backoff and spends from the
-//! retry budget, and none starts past the request's deadline or its `max_attempts`.
-//! An attempt's [`Failure`] says what trying again can do: another endpoint, a model
-//! with a larger context, or nothing (the caller's fault, whose answer is passed on).
-//! When every target has failed, the FAQ answers (or, for embeddings, a `503`).
+//! Within a pool, the balancer chooses among the endpoints not yet tried; every attempt
+//! after the first waits a jittered backoff and spends from the retry budget, and none
+//! starts past the request's deadline or its `max_attempts`. An attempt's [`Failure`]
+//! says what trying again can do: another endpoint, a model with a larger context, or
+//! nothing (the caller's fault, whose answer is passed on); and whether the same
+//! endpoint is worth a second attempt (a one-off fault, a 429's short wait), which it
+//! gets only when its model has no other endpoint open to try.
+//!
+//! Blocked is the lowest priority across the whole plan: a target whose endpoints are
+//! all blocked is passed over while any later target (another pool, a fallback model)
+//! has an open endpoint, and is tried only after every other target has failed. When
+//! every target has failed, the FAQ answers (or, for embeddings, a `503`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +31,7 @@ use tracing::{debug, warn};
 use crate::Gateway;
 use crate::admit::Ctx;
 use crate::endpoints::{Endpoint, Kind, Work, choose};
-use crate::error::{Failure, Retry};
+use crate::error::{Again, Failure, Retry};
 use crate::headers;
 use crate::metrics::{AttemptLabels, KindLabel, ModelLabel};
 use crate::outcome::{Outcome, classify_status, retry_after};
@@ -35,23 +41,46 @@ use crate::upstream::{self, SendError};
 /// The most of an upstream error body read, to classify it.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
+/// A (model, pool index) of the plan.
+type Target<'g> = (&'g str, usize);
+
 /// Serves the request from `model`'s plan, and answers it.
 pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
     let gw = ctx.gw;
+    let per_pool = gw.config.retry.attempts_per_pool;
     let mut targets = plan(gw, model, ctx.table.as_deref(), ctx.wall);
     let mut redirected = false;
-    let mut tried: Vec<&Endpoint> = Vec::new();
+    let mut tried = Tried::default();
+    // Targets passed over with every endpoint blocked, for after all the others.
+    let mut passed_over: Vec<Target<'_>> = Vec::new();
+    let mut last_resort = false;
     let deadline = ctx.started + gw.config.timeouts.total.0;
     let mut t = 0;
-    'targets: while t < targets.len() {
+    'targets: loop {
+        if t == targets.len() {
+            if passed_over.is_empty() {
+                break;
+            }
+            targets = std::mem::take(&mut passed_over);
+            last_resort = true;
+            t = 0;
+        }
         let (m, _) = targets[t];
-        for _ in 0..gw.config.retry.attempts_per_pool {
-            let endpoint = match next(ctx, &targets, t, &tried, deadline).await {
-                Next::Try(endpoint) => endpoint,
-                Next::PoolDone => break,
-                Next::Stop => break 'targets,
+        let mut again: Option<&Arc<Endpoint>> = None;
+        for n in 1..=per_pool {
+            let endpoint = match again.take() {
+                Some(endpoint) => endpoint,
+                None => match next(ctx, &targets, t, &tried, deadline, last_resort).await {
+                    Next::Try(endpoint) => endpoint,
+                    Next::PoolDone => break,
+                    Next::PassOver => {
+                        passed_over.push(targets[t]);
+                        break;
+                    }
+                    Next::Stop => break 'targets,
+                },
             };
-            tried.push(endpoint);
+            tried.all.push(endpoint);
             ctx.attempts += 1;
             let failure = match attempt(ctx, endpoint, deadline).await {
                 Ok(answer) => {
@@ -63,6 +92,12 @@ pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
                 Retry::Elsewhere => {
                     if failure.outcome.excludes_endpoint() {
                         warn!(endpoint = %endpoint.url, outcome = failure.outcome.label(), "too slow; not retried for this request");
+                    } else if let Some(why) = failure.again_here()
+                        && n < per_pool
+                        && retry_here(ctx, &targets[t..], &tried, endpoint, why, deadline).await
+                    {
+                        tried.again.push(endpoint);
+                        again = Some(endpoint);
                     }
                 }
                 Retry::LargerContext if !redirected => {
@@ -75,6 +110,7 @@ pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
                         redirected = true;
                         count_fallback(gw, "larger_context");
                         targets = plan(gw, larger, ctx.table.as_deref(), ctx.wall);
+                        passed_over.clear();
                         t = 0;
                         continue 'targets;
                     }
@@ -96,6 +132,84 @@ pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
     crate::respond::exhausted(ctx)
 }
 
+/// The endpoints a request has attempted.
+#[derive(Default)]
+struct Tried<'g> {
+    /// Each attempted endpoint, once per attempt.
+    all: Vec<&'g Endpoint>,
+    /// Those attempted again, once for each time.
+    again: Vec<&'g Endpoint>,
+}
+
+impl Tried<'_> {
+    fn has(&self, e: &Endpoint) -> bool {
+        self.all.iter().any(|t| std::ptr::eq(*t, e))
+    }
+
+    fn times_again(&self, e: &Endpoint) -> u32 {
+        self.again.iter().filter(|t| std::ptr::eq(**t, e)).count() as u32
+    }
+}
+
+/// Whether `endpoint`, which just failed for `why`, gets the request again, and if so
+/// after waiting: at least the wait it asked for and the backoff, from the retry
+/// budget, within the deadline and `max_attempts`. Only when its model has no other
+/// endpoint open and untried in `rest` (this target and those after it): another
+/// endpoint answers sooner than a wait, and a fallback model is a degradation a short
+/// wait spares the caller.
+async fn retry_here(
+    ctx: &Ctx<'_>,
+    rest: &[Target<'_>],
+    tried: &Tried<'_>,
+    endpoint: &Endpoint,
+    why: Again,
+    deadline: Instant,
+) -> bool {
+    let gw = ctx.gw;
+    let r = &gw.config.retry;
+    let now = Instant::now();
+    let (table, wall) = (ctx.table.as_deref(), ctx.wall);
+    let table_blocked = |e: &Endpoint| table.and_then(|t| table_block(t, e, wall)).is_some();
+    let floor = why.floor();
+    let resume = now + floor.max(backoff(gw, ctx.attempts));
+    let allowed = match why {
+        Again::Transient => tried.times_again(endpoint) < r.same_endpoint,
+        Again::After(wait) => !r.retry_after_max.0.is_zero() && wait <= r.retry_after_max.0,
+    };
+    // A block of its own beyond the wait (passive blocking, not the 429's own wait) or
+    // the table's says it is not coming back within this request.
+    let coming_back =
+        endpoint.blocked(now).is_none_or(|until| until <= resume) && !table_blocked(endpoint);
+    if !allowed || !coming_back || ctx.attempts >= r.max_attempts || resume >= deadline {
+        return false;
+    }
+    let alternative = rest
+        .iter()
+        .filter(|(m, _)| *m == endpoint.model)
+        .flat_map(|(m, p)| &gw.models[*m].pools[*p].1)
+        .any(|e| {
+            !std::ptr::eq(e.as_ref(), endpoint)
+                && !tried.has(e)
+                && e.blocked(now).is_none()
+                && !table_blocked(e)
+        });
+    if alternative {
+        return false;
+    }
+    if !gw.budget.try_retry(now) {
+        gw.metrics.budget_exhausted.inc();
+        return false;
+    }
+    count_retry(ctx);
+    gw.metrics
+        .same_endpoint_retries
+        .get_or_create(&KindLabel { kind: why.label() })
+        .inc();
+    debug!(endpoint = %endpoint.url, why = why.label(), wait = ?resume.duration_since(now), "attempting the same endpoint again");
+    tokio::time::sleep_until(resume).await;
+    true
+}
+
 /// The upstream's own answer to a request it refused, as it came.
 fn pass_on(ctx: &Ctx<'_>, failure: Failure, endpoint: &Endpoint) -> Response {
     let label = failure.outcome.label();
@@ -112,24 +226,40 @@ fn count_fallback(gw: &Gateway, kind: &'static str) {
         .inc();
 }
 
+fn count_retry(ctx: &Ctx<'_>) {
+    ctx.gw
+        .metrics
+        .retries
+        .get_or_create(&ModelLabel {
+            model: ctx.model.to_owned(),
+        })
+        .inc();
+}
+
 /// What to do next within the target `targets[t]`.
 enum Next<'g> {
     /// Attempt this endpoint.
     Try(&'g Arc<Endpoint>),
     /// Nothing more in this pool: the next target.
     PoolDone,
+    /// Every endpoint left here is blocked and a later target has an open one: that
+    /// first, this after every other target.
+    PassOver,
     /// No more attempts for this request (its deadline, its `max_attempts`, the
     /// retry budget).
     Stop,
 }
 
 /// The next endpoint to attempt in `targets[t]`, after the backoff a retry waits.
+/// On the `last_resort` pass over targets passed over before, blocked endpoints are
+/// attempted.
 async fn next<'g>(
     ctx: &Ctx<'g>,
-    targets: &[(&'g str, usize)],
+    targets: &[Target<'g>],
     t: usize,
-    tried: &[&Endpoint],
+    tried: &Tried<'_>,
     deadline: Instant,
+    last_resort: bool,
 ) -> Next<'g> {
     let gw: &'g Gateway = ctx.gw;
     let (m, p) = targets[t];
@@ -142,27 +272,13 @@ async fn next<'g>(
     if ctx.attempts >= gw.config.retry.max_attempts || now >= deadline {
         return Next::Stop;
     }
-    let untried = |e: &Endpoint| !tried.iter().any(|t| std::ptr::eq(*t, e));
     let candidates: Vec<&Endpoint> = endpoints
         .iter()
         .map(Arc::as_ref)
-        .filter(|e| untried(e))
+        .filter(|e| !tried.has(e))
         .collect();
     if candidates.is_empty() {
         return Next::PoolDone;
-    }
-    if ctx.attempts > 0 {
-        if !gw.budget.try_retry(now) {
-            gw.metrics.budget_exhausted.inc();
-            return Next::Stop;
-        }
-        gw.metrics
-            .retries
-            .get_or_create(&ModelLabel {
-                model: ctx.model.to_owned(),
-            })
-            .inc();
-        tokio::time::sleep(backoff(gw, ctx.attempts)).await;
     }
     // Time left on the route table's block of an endpoint, if any.
     let (table, wall) = (ctx.table.as_deref(), ctx.wall);
@@ -180,18 +296,26 @@ async fn next<'g>(
     let Some((chosen, all_blocked)) = choose(&candidates, blocked, kind, now, slow_start) else {
         return Next::PoolDone;
     };
-    if all_blocked {
-        // Blocked is the lowest priority across the model's pools: a later pool with
-        // an open endpoint comes first. Another model does not: changing the model on
-        // blocks alone would degrade callers that the ladder has not.
+    // Chosen before the backoff, so that passing over a blocked target spends no
+    // retry and waits for nothing.
+    if all_blocked && !last_resort {
         let open_later = targets[t + 1..]
             .iter()
-            .filter(|(m2, _)| *m2 == m)
             .flat_map(|(m2, p2)| &gw.models[*m2].pools[*p2].1)
-            .any(|e| untried(e) && e.blocked(now).is_none() && blocked(e).is_none());
+            .any(|e| !tried.has(e) && e.blocked(now).is_none() && blocked(e).is_none());
         if open_later {
-            return Next::PoolDone;
+            return Next::PassOver;
         }
+    }
+    if ctx.attempts > 0 {
+        if !gw.budget.try_retry(now) {
+            gw.metrics.budget_exhausted.inc();
+            return Next::Stop;
+        }
+        count_retry(ctx);
+        tokio::time::sleep(backoff(gw, ctx.attempts)).await;
+    }
+    if all_blocked {
         gw.metrics.all_blocked.inc();
     }
     let endpoint = endpoints
@@ -240,12 +364,13 @@ async fn attempt(
             } else {
                 debug!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
             }
-            return Err(record(
-                gw,
-                endpoint,
-                Failure::new(Outcome::Connect).because(e),
-                sent,
-            ));
+            let failure = Failure::new(Outcome::Connect);
+            let failure = if e.is_transient() {
+                failure.transient()
+            } else {
+                failure
+            };
+            return Err(record(gw, endpoint, failure.because(e), sent));
         }
         Ok(Ok(r)) => r,
     };

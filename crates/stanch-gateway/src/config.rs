@@ -240,6 +240,9 @@ impl Default for Timeouts {
     }
 }
 
+/// The most `retry.same_endpoint` may be: more is a retry storm on one endpoint.
+const MAX_SAME_ENDPOINT: u32 = 3;
+
 /// Retries of one request.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -258,6 +261,14 @@ pub struct RetryPolicy {
     pub budget_window: HumanDuration,
     /// ...plus this many, so a quiet gateway can still retry.
     pub budget_min_retries: u32,
+    /// Attempts again at the same endpoint, per request, after a one-off fault (a 500,
+    /// 502, 503 or 504, a reset, a connection closed before any answer) when the model
+    /// has no other endpoint open to try; 0 never sends a request to an endpoint twice.
+    pub same_endpoint: u32,
+    /// A 429 whose `Retry-After` is at most this is waited out at the same endpoint
+    /// (never less than it says) when the model has no other endpoint open to try; a
+    /// longer one moves on at once. `0s` never waits.
+    pub retry_after_max: HumanDuration,
 }
 
 impl Default for RetryPolicy {
@@ -270,6 +281,8 @@ impl Default for RetryPolicy {
             budget_ratio: 0.2,
             budget_window: HumanDuration::secs(10),
             budget_min_retries: 10,
+            same_endpoint: 1,
+            retry_after_max: HumanDuration::secs(5),
         }
     }
 }
@@ -580,6 +593,24 @@ impl GatewayConfig {
                 "max_attempts and attempts_per_pool must be at least 1".into(),
             );
         }
+        if r.same_endpoint > MAX_SAME_ENDPOINT {
+            problem(
+                "retry.same_endpoint".into(),
+                format!(
+                    "{} attempts again at one endpoint is too many: at most {MAX_SAME_ENDPOINT}",
+                    r.same_endpoint
+                ),
+            );
+        }
+        if r.retry_after_max.0 >= self.timeouts.total.0 {
+            problem(
+                "retry.retry_after_max".into(),
+                format!(
+                    "{} would wait out the whole request: it must be shorter than timeouts.total ({})",
+                    r.retry_after_max, self.timeouts.total
+                ),
+            );
+        }
         if !(0.0..=1.0).contains(&r.budget_ratio) {
             problem(
                 "retry.budget_ratio".into(),
@@ -770,8 +801,9 @@ models:
           - {url: "ftp://10.0.0.1"}
           - {url: "http://10.0.0.2:8000/?v=1", weight: 0}
           - {url: "https://", capacity: 0}
-timeouts: {connect: 0s}
+timeouts: {connect: 0s, total: 30s}
 max_response_bytes: 0
+retry: {same_endpoint: 50, retry_after_max: 1m}
 "#,
         );
         let expected = [
@@ -781,6 +813,8 @@ max_response_bytes: 0
             "models.m.pools[0].endpoints[2].capacity: must be at least 1",
             "max_response_bytes: must be at least 1",
             "timeouts.connect: must be longer than 0s",
+            "retry.same_endpoint: 50 attempts again at one endpoint is too many: at most 3",
+            "retry.retry_after_max: 1m would wait out the whole request: it must be shorter than timeouts.total (30s)",
         ];
         for line in expected {
             assert!(found.iter().any(|f| f == line), "{line}\nin {found:#?}");

@@ -112,7 +112,8 @@ pub struct Endpoint {
     pub capacity: u32,
     /// Upstream model name; `None` forwards the requested name.
     pub upstream_model: Option<String>,
-    /// The only endpoint of its pool: blocks on it are never extended.
+    /// The only endpoint its model can be served from (no other pool's, no fallback
+    /// model): blocks on it are never extended.
     pub alone: bool,
     /// Its paths for chat, completions and embeddings (origin form), parsed once.
     pub(crate) paths: [hyper::Uri; 3],
@@ -451,7 +452,7 @@ impl Endpoint {
             .last_block
             .is_some_and(|t| now.duration_since(t) <= policy.backoff_reset.0);
         if repeat && self.alone {
-            // Blocking the only endpoint of a pool longer leaves it nowhere to go.
+            // Blocking the model's only endpoint longer leaves it nowhere to go.
             return None;
         }
         h.strikes = if repeat { h.strikes + 1 } else { 1 };

@@ -6,6 +6,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::time::Duration;
 
 use axum::response::Response;
 
@@ -42,8 +43,39 @@ pub(crate) struct Failure {
     /// The upstream's answer, when it is one to pass on ([`Retry::Never`] and
     /// [`Retry::LargerContext`]).
     pub(crate) answer: Option<Response>,
+    /// The connection broke under the exchange (a reset, a close before any answer)
+    /// rather than being refused: the endpoint was there a moment ago.
+    transient: bool,
     /// The error underneath, for the log.
     cause: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+/// Why the same endpoint may be worth a second attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Again {
+    /// A one-off fault: a 500, 502, 503 or 504, or a connection that broke before any
+    /// answer. Worth one more try after the usual backoff.
+    Transient,
+    /// A 429 that said how long to stay away: worth waiting that long, never less.
+    After(Duration),
+}
+
+impl Again {
+    /// The least wait before the attempt.
+    pub(crate) fn floor(self) -> Duration {
+        match self {
+            Again::Transient => Duration::ZERO,
+            Again::After(d) => d,
+        }
+    }
+
+    /// The metrics' label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Again::Transient => "transient",
+            Again::After(_) => "retry_after",
+        }
+    }
 }
 
 impl Failure {
@@ -52,7 +84,16 @@ impl Failure {
         Failure {
             outcome,
             answer: None,
+            transient: false,
             cause: None,
+        }
+    }
+
+    /// The same failure, marked as a connection that broke under the exchange.
+    pub(crate) fn transient(self) -> Failure {
+        Failure {
+            transient: true,
+            ..self
         }
     }
 
@@ -76,6 +117,20 @@ impl Failure {
     pub(crate) fn retry(&self) -> Retry {
         self.outcome.retry()
     }
+
+    /// Whether the same endpoint may answer a second attempt, and why. Not for an
+    /// endpoint that was too slow, refused the connection, or answered with a status
+    /// that another try will not change (501, 505, quota, its credentials).
+    pub(crate) fn again_here(&self) -> Option<Again> {
+        match self.outcome {
+            Outcome::ServerError(500 | 502 | 503 | 504) => Some(Again::Transient),
+            Outcome::Connect if self.transient => Some(Again::Transient),
+            Outcome::RateLimited {
+                retry_after: Some(d),
+            } => Some(Again::After(d)),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Debug for Failure {
@@ -83,6 +138,7 @@ impl fmt::Debug for Failure {
         f.debug_struct("Failure")
             .field("outcome", &self.outcome)
             .field("answered", &self.answer.as_ref().map(Response::status))
+            .field("transient", &self.transient)
             .field("cause", &self.cause)
             .finish()
     }
@@ -149,5 +205,46 @@ mod tests {
         }
         assert_eq!(Outcome::CallerFault(400).retry(), Retry::Never);
         assert_eq!(Outcome::ContextTooLong.retry(), Retry::LargerContext);
+    }
+
+    #[test]
+    fn only_a_one_off_fault_or_a_said_wait_is_worth_the_same_endpoint_again() {
+        let again = |f: Failure| f.again_here();
+        for status in [500, 502, 503, 504] {
+            assert_eq!(
+                again(Failure::new(Outcome::ServerError(status))),
+                Some(Again::Transient)
+            );
+        }
+        assert_eq!(
+            again(Failure::new(Outcome::Connect).transient()),
+            Some(Again::Transient)
+        );
+        assert_eq!(
+            again(Failure::new(Outcome::RateLimited {
+                retry_after: Some(Duration::from_secs(2))
+            })),
+            Some(Again::After(Duration::from_secs(2)))
+        );
+        for outcome in [
+            Outcome::ServerError(501),
+            Outcome::ServerError(505),
+            Outcome::Connect,
+            Outcome::RateLimited { retry_after: None },
+            Outcome::NoHeaders,
+            Outcome::FirstTokenTimeout,
+            Outcome::Quota,
+            Outcome::UpstreamAuth(401),
+            Outcome::CallerFault(400),
+            Outcome::Stalled,
+            Outcome::Truncated,
+        ] {
+            assert_eq!(again(Failure::new(outcome.clone())), None, "{outcome:?}");
+        }
+        assert_eq!(
+            Again::After(Duration::from_secs(2)).floor(),
+            Duration::from_secs(2)
+        );
+        assert_eq!(Again::Transient.floor(), Duration::ZERO);
     }
 }

@@ -247,8 +247,11 @@ fn model_plans(
     let mut models = BTreeMap::new();
     for (name, m) in &config.models {
         let mut pools = Vec::new();
+        // The only endpoint the model can be served from: a block on it leaves requests
+        // nowhere else to go, so it is never extended.
+        let alone =
+            m.fallbacks.is_empty() && m.pools.iter().map(|p| p.endpoints.len()).sum::<usize>() == 1;
         for pool in &m.pools {
-            let alone = pool.endpoints.len() == 1;
             let mut eps = Vec::new();
             for (j, e) in pool.endpoints.iter().enumerate() {
                 let what = || format!("models.{name}.pools.{}.endpoints[{j}]", pool.name);

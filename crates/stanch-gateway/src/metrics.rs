@@ -211,6 +211,9 @@ pub struct Metrics {
     pub rejected: Family<KindLabel, Counter>,
     /// Retries, by model.
     pub retries: Family<ModelLabel, Counter>,
+    /// Attempts again at the same endpoint, by why: `transient` (a one-off fault) or
+    /// `retry_after` (a 429's wait, waited out).
+    pub same_endpoint_retries: Family<KindLabel, Counter>,
     /// Fallbacks by kind: `pool`, `model`, `larger_context`, `faq`.
     pub fallbacks: Family<KindLabel, Counter>,
     /// Answers from an alias model while degraded, by requested model.
@@ -270,6 +273,7 @@ impl Metrics {
             ttft: Family::new_with_constructor(histogram),
             rejected: Family::default(),
             retries: Family::default(),
+            same_endpoint_retries: Family::default(),
             fallbacks: Family::default(),
             degraded: Family::default(),
             static_answers: Family::default(),
@@ -316,6 +320,11 @@ impl Metrics {
             "retries",
             "Retries on another endpoint, pool or model",
             m.retries.clone(),
+        );
+        registry.register(
+            "same_endpoint_retries",
+            "Attempts again at the same endpoint, by why (transient, retry_after)",
+            m.same_endpoint_retries.clone(),
         );
         registry.register("fallbacks", "Fallbacks by kind", m.fallbacks.clone());
         registry.register(

@@ -81,6 +81,17 @@ pub(crate) enum SendError {
     Http(String, h1::Error),
 }
 
+impl SendError {
+    /// The connection broke under the exchange (a reset, a close before a response)
+    /// rather than being refused or failing its handshake: the endpoint was there.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            SendError::Http(_, h1::Error::Io(_) | h1::Error::ClosedBeforeResponse)
+        )
+    }
+}
+
 /// How new connections are made; shared by every endpoint's pool.
 #[derive(Clone)]
 pub(crate) struct Connector {

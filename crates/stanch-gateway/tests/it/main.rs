@@ -6,6 +6,7 @@ mod failures;
 mod fleet;
 mod headers;
 mod process;
+mod rescue;
 mod routing;
 mod sdk;
 mod slow;

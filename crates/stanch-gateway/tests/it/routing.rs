@@ -148,16 +148,31 @@ async fn blocks_from_the_table_are_honoured() {
             .any(|e| !e["table_blocked_until"].is_null())
     );
 
-    // Every endpoint of the model blocked: blocked is lowest priority, not gone.
+    // Every endpoint of the model blocked: blocked is the lowest priority across the
+    // plan, so the fallback model comes first...
     f.gw.table(
         &[("qwen-72b", Rung::Normal, "dc-a", None)],
         vec![block(&f.a), block(&f.b)],
     );
     for _ in 0..3 {
         let (body, _) = served_by(&f.gw, "acme-key").await;
+        assert_eq!(body["model"], "qwen-14b", "the open fallback first");
+    }
+    assert_eq!((f.a.requests(), f.b.requests()), (0, 5));
+    // ...and with every target blocked, blocked is lowest priority, not gone.
+    let small = BlockedEndpoint {
+        model: Some("qwen-14b".into()),
+        ..block(&f.small)
+    };
+    f.gw.table(
+        &[("qwen-72b", Rung::Normal, "dc-a", None)],
+        vec![block(&f.a), block(&f.b), small],
+    );
+    for _ in 0..3 {
+        let (body, _) = served_by(&f.gw, "acme-key").await;
         assert_eq!(
             body["model"], "qwen-72b",
-            "still answered by the model, not the fallback"
+            "the model itself, blocked or not"
         );
     }
     let metrics = f.gw.metrics().await;

@@ -61,7 +61,7 @@ pub struct GatewayArgs {
     logs_off: bool,
 }
 
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -163,7 +163,7 @@ impl Usage {
     }
 }
 
-fn port() -> anyhow::Result<u16> {
+pub(crate) fn port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -239,7 +239,7 @@ impl Conn {
     }
 }
 
-async fn ready(addr: &str, path: &str) -> anyhow::Result<()> {
+pub(crate) async fn ready(addr: &str, path: &str) -> anyhow::Result<()> {
     for _ in 0..200 {
         if let Ok(mut c) = Conn::open(addr, path, BODY).await
             && c.call().await.is_ok_and(|s| s == 200)
@@ -413,7 +413,12 @@ fn line(name: &str, l: &Load) -> String {
     )
 }
 
-async fn admin(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
+pub(crate) async fn admin(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<String> {
     let mut s = TcpStream::connect(addr).await?;
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
@@ -426,7 +431,7 @@ async fn admin(addr: &str, method: &str, path: &str, body: &str) -> anyhow::Resu
 }
 
 /// Requests each mock has answered so far.
-async fn mock_requests(mocks: &[String]) -> anyhow::Result<Vec<u64>> {
+pub(crate) async fn mock_requests(mocks: &[String]) -> anyhow::Result<Vec<u64>> {
     let mut out = Vec::new();
     for m in mocks {
         let body = admin(m, "GET", "/admin/stats", "").await?;

@@ -38,6 +38,10 @@ enum Bench {
     /// version's reach, acknowledgements, CPU and memory, stuck watchers, and a
     /// reconnect storm after `kill -9`.
     Fleet(fleet::FleetArgs),
+    /// What callers see when the gateway's only endpoint of a model breaks: a one-off
+    /// 500, a reset, a 429 with `Retry-After`, a dead pool; as shipped, and with
+    /// same-endpoint retries off.
+    Rescue(rescue::RescueArgs),
     /// The controller with its state in the cluster (a fake API server): webhook
     /// latency, and an alert storm's API writes and latency, beside the file store.
     Cluster(cluster::ClusterArgs),
@@ -60,6 +64,7 @@ mod bare;
 mod cluster;
 mod fleet;
 mod gateway;
+mod rescue;
 
 #[derive(Debug, clap::Args)]
 struct ControllerArgs {
@@ -103,6 +108,7 @@ fn main() -> anyhow::Result<()> {
             Bench::Gateway(args) => gateway::run(args).await,
             Bench::Cluster(args) => cluster::run(args).await,
             Bench::Fleet(args) => fleet::run(args).await,
+            Bench::Rescue(args) => rescue::run(args).await,
             Bench::BareProxy { .. } => unreachable!("served above"),
         }
     })

@@ -153,7 +153,9 @@ impl Tried<'_> {
 
 /// Whether `endpoint`, which just failed for `why`, gets the request again, and if so
 /// after waiting: at least the wait it asked for and the backoff, from the retry
-/// budget, within the deadline and `max_attempts`. Only when its model has no other
+/// budget, within the deadline and `max_attempts`. A fault counts as one-off only while
+/// the endpoint's run of failures is this request's alone, with nothing else in flight
+/// there, so a dead endpoint gets no more attempts than its blocking threshold allows. Only when its model has no other
 /// endpoint open and untried in `rest` (this target and those after it): another
 /// endpoint answers sooner than a wait, and a fallback model is a degradation a short
 /// wait spares the caller.
@@ -173,8 +175,17 @@ async fn retry_here(
     let floor = why.floor();
     let resume = now + floor.max(backoff(gw, ctx.attempts));
     let allowed = match why {
-        Again::Transient => tried.times_again(endpoint) < r.same_endpoint,
-        Again::After(wait) => !r.retry_after_max.0.is_zero() && wait <= r.retry_after_max.0,
+        Again::Transient => {
+            let again = tried.times_again(endpoint);
+            again < r.same_endpoint && endpoint.one_off_failure(again + 1)
+        }
+        // Waited out once per request: a wait that is followed by another 429 is a
+        // limit that holds, and the request moves on.
+        Again::After(wait) => {
+            tried.times_again(endpoint) == 0
+                && !r.retry_after_max.0.is_zero()
+                && wait <= r.retry_after_max.0
+        }
     };
     // A block of its own beyond the wait (passive blocking, not the 429's own wait) or
     // the table's says it is not coming back within this request.

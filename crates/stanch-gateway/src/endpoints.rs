@@ -325,6 +325,17 @@ impl Endpoint {
         (h.successes, h.failures, peak)
     }
 
+    /// Whether the failure just recorded looks like a one-off to a request that has
+    /// had `own` failures here: every failure of the current run is that request's,
+    /// and no other request is in flight here. Failures of other requests in the run,
+    /// or others out at the same time, say the endpoint is failing, not that one
+    /// request was unlucky.
+    pub fn one_off_failure(&self, own: u32) -> bool {
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        let h = self.health.lock().expect("endpoint lock");
+        in_flight == 0 && h.consecutive() <= own
+    }
+
     /// Whether a local block holds at `now`.
     pub fn blocked(&self, now: Instant) -> Option<Instant> {
         let h = self.health.lock().expect("endpoint lock");
@@ -811,6 +822,26 @@ mod tests {
         let then = later + Duration::from_millis(50);
         record_took(&e, &Outcome::Success, &p, Duration::from_millis(20), then);
         assert_eq!(e.counts().2, 0, "sent 30 ms after the failure");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_is_a_one_off_only_while_the_run_is_the_requests_own_and_nothing_else_is_out()
+    {
+        let e = std::sync::Arc::new(ep("http://a", false));
+        let p = policy();
+        let now = Instant::now();
+        let fail = Outcome::ServerError(503);
+        record_at(&e, &fail, &p, now);
+        assert!(e.one_off_failure(1), "the first failure, nothing else out");
+        {
+            let _other = e.start();
+            assert!(!e.one_off_failure(1), "another request is out");
+        }
+        record_at(&e, &fail, &p, now);
+        assert!(!e.one_off_failure(1), "another request failed here too");
+        assert!(e.one_off_failure(2), "both failures were this request's");
+        record_at(&e, &Outcome::Success, &p, now + Duration::from_millis(1));
+        assert!(e.one_off_failure(0), "a success ends the run");
     }
 
     #[tokio::test(start_paused = true)]

@@ -61,7 +61,9 @@ async fn first_token(
             Err(_) => return Err(failed(Outcome::FirstTokenTimeout)),
             Ok(None) => return Err(failed(Outcome::Truncated)),
             Ok(Some(Err(e))) => {
-                let failure = Failure::new(Outcome::Connect).because(e);
+                // A reset before any token: the caller has nothing yet, as if the
+                // connection had broken before the head.
+                let failure = Failure::new(Outcome::Connect).transient().because(e);
                 return Err(record(gw, endpoint, failure, sent));
             }
             Ok(Some(Ok(frame))) => frame,

@@ -1,0 +1,264 @@
+//! `stanch-bench rescue`: what callers see when an upstream breaks in the ways a careful
+//! client would rescue. The gateway as shipped (default retry and blocking settings)
+//! serves qwen-72b from one pool of one endpoint, falling back to qwen-14b; each phase
+//! breaks that endpoint on purpose (a one-off 500, a reset, a 429 with `Retry-After`, a
+//! dead pool) and counts, per request, the caller-visible errors, who answered, the
+//! attempts it took and the time to answer. Every phase runs twice: as shipped, and with
+//! same-endpoint retries off (`retry.same_endpoint: 0`, `retry_after_max: 0s`), which
+//! is how the gateway behaved before them.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::gateway::{Proc, admin, mock_requests, port, ready};
+use crate::{percentile, show};
+
+/// Arguments of the rescue benchmark.
+#[derive(Debug, clap::Args)]
+pub struct RescueArgs {
+    /// The stanch-gateway binary.
+    #[arg(long, default_value = "target/release/stanch-gateway")]
+    gateway: PathBuf,
+    /// The stanch-mock binary.
+    #[arg(long, default_value = "target/release/stanch-mock")]
+    mock: PathBuf,
+    /// Requests per phase (one in ten of them meets the fault; the Retry-After phase
+    /// sends a tenth as many).
+    #[arg(long, default_value_t = 200)]
+    requests: usize,
+    /// Seconds of the dead-pool phase.
+    #[arg(long, default_value_t = 10)]
+    dead_seconds: u64,
+}
+
+/// The two configurations compared.
+const SETTINGS: [(&str, &str); 2] = [
+    ("as shipped", ""),
+    (
+        "no same-endpoint retries",
+        "retry: {same_endpoint: 0, retry_after_max: 0s}\n",
+    ),
+];
+
+/// What one request came to.
+struct Answer {
+    /// 200 and a model's answer (not the FAQ).
+    ok: bool,
+    /// The model that answered, or `faq`, or the status.
+    by: String,
+    attempts: u64,
+    took: Duration,
+}
+
+/// Answers of one phase.
+#[derive(Default)]
+struct Tally {
+    answers: Vec<Answer>,
+}
+
+impl Tally {
+    fn report(&self, name: &str) {
+        let n = self.answers.len();
+        let errors = self.answers.iter().filter(|a| !a.ok).count();
+        let mut by: Vec<(String, usize)> = Vec::new();
+        for a in &self.answers {
+            match by.iter_mut().find(|(m, _)| *m == a.by) {
+                Some((_, c)) => *c += 1,
+                None => by.push((a.by.clone(), 1)),
+            }
+        }
+        let by: Vec<String> = by.iter().map(|(m, c)| format!("{m} {c}")).collect();
+        let attempts: u64 = self.answers.iter().map(|a| a.attempts).sum();
+        let mut took: Vec<Duration> = self.answers.iter().map(|a| a.took).collect();
+        took.sort();
+        println!(
+            "  {name:<34} {n:>4} requests, {errors} caller-visible errors (error or FAQ); answered by {}; attempts/request {:.2} (max {}); time to answer p50 {}  p99 {}  max {}",
+            by.join(", "),
+            attempts as f64 / n.max(1) as f64,
+            self.answers.iter().map(|a| a.attempts).max().unwrap_or(0),
+            show(percentile(&took, 0.5)),
+            show(percentile(&took, 0.99)),
+            show(took.last().copied().unwrap_or_default()),
+        );
+    }
+}
+
+async fn chat(http: &reqwest::Client, gateway: &str) -> anyhow::Result<Answer> {
+    let sent = Instant::now();
+    let r = http
+        .post(format!("http://{gateway}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"qwen-72b","max_tokens":8,"messages":[{"role":"user","content":"hello there"}]}"#)
+        .send()
+        .await?;
+    let status = r.status().as_u16();
+    let attempts = r
+        .headers()
+        .get("x-stanch-attempts")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(0);
+    let faq = r
+        .headers()
+        .get("x-llm-degraded")
+        .is_some_and(|v| v == "static");
+    let body: Value = r.json().await.unwrap_or_default();
+    let took = sent.elapsed();
+    let by = if faq {
+        "faq".to_owned()
+    } else if status == 200 {
+        body["model"].as_str().unwrap_or("?").to_owned()
+    } else {
+        format!("status {status}")
+    };
+    Ok(Answer {
+        ok: status == 200 && !faq,
+        by,
+        attempts,
+        took,
+    })
+}
+
+pub async fn run(args: RescueArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut procs = Vec::new();
+    let mut mocks = Vec::new();
+    for (model, instance) in [("qwen-72b", "dc-a"), ("qwen-14b", "small")] {
+        let p = port()?;
+        let child = Command::new(&args.mock)
+            .args(["--listen", &format!("127.0.0.1:{p}")])
+            .args(["--model", model, "--instance", instance])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot run {}", args.mock.display()))?;
+        procs.push(Proc(child));
+        mocks.push(format!("127.0.0.1:{p}"));
+    }
+    for m in &mocks {
+        ready(m, "/v1/chat/completions").await?;
+    }
+    let (lone, small) = (&mocks[0], &mocks[1]);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    println!(
+        "stanch-bench rescue: qwen-72b from one pool of one endpoint, falling back to qwen-14b; the gateway's default retry and blocking settings, logging on"
+    );
+    for (name, extra) in SETTINGS {
+        println!("{name}:");
+        let config = format!(
+            "models:
+  qwen-72b:
+    faq: default
+    fallbacks: [qwen-14b]
+    pools: [{{name: dc-a, endpoints: [{{url: 'http://{lone}'}}]}}]
+  qwen-14b:
+    pools: [{{name: dc-a, endpoints: [{{url: 'http://{small}'}}]}}]
+faq_sets:
+  default: {{default_answer: 'We are busy; please try again shortly.'}}
+{extra}"
+        );
+        let path = dir.path().join("gateway.yaml");
+        std::fs::write(&path, config)?;
+        let gw_port = port()?;
+        let log = std::fs::File::create(dir.path().join(format!("gateway-{gw_port}.log")))?;
+        let gateway_proc = Proc(
+            Command::new(&args.gateway)
+                .arg("--config")
+                .arg(&path)
+                .args(["--listen", &format!("127.0.0.1:{gw_port}")])
+                .env_remove("RUST_LOG")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("cannot run {}", args.gateway.display()))?,
+        );
+        let gateway = format!("127.0.0.1:{gw_port}");
+        ready(&gateway, "/v1/chat/completions").await?;
+
+        for (phase, fault, requests) in [
+            (
+                "one 500, 1 request in 10",
+                r#"{"kind": "status", "status": 500, "count": 1}"#,
+                args.requests,
+            ),
+            (
+                "a reset, 1 request in 10",
+                r#"{"kind": "reset", "count": 1}"#,
+                args.requests,
+            ),
+            (
+                "429 Retry-After: 2, 1 request in 10",
+                r#"{"kind": "status", "status": 429, "retry_after": 2, "count": 1}"#,
+                (args.requests / 10).max(10),
+            ),
+        ] {
+            let (mut all, mut faulted) = (Tally::default(), Tally::default());
+            for i in 0..requests {
+                let hit = i % 10 == 5;
+                if hit {
+                    admin(lone, "PUT", "/admin/fault", fault).await?;
+                }
+                let a = chat(&http, &gateway).await?;
+                if hit {
+                    faulted.answers.push(a);
+                } else {
+                    all.answers.push(a);
+                }
+            }
+            faulted.report(&format!("{phase}: the faulted"));
+            all.report(&format!("{phase}: the others"));
+            // The 429 phase leaves the endpoint blocked for its Retry-After.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+
+        // A dead pool: every request to it fails, for the whole phase, with 4 callers.
+        admin(
+            lone,
+            "PUT",
+            "/admin/fault",
+            r#"{"kind": "status", "status": 500}"#,
+        )
+        .await?;
+        let before = mock_requests(&mocks).await?;
+        let stop = Instant::now() + Duration::from_secs(args.dead_seconds);
+        let mut callers = Vec::new();
+        for _ in 0..4 {
+            let (http, gateway) = (http.clone(), gateway.clone());
+            callers.push(tokio::spawn(async move {
+                let mut answers = Vec::new();
+                // Bounded in count as well as time.
+                for _ in 0..100_000 {
+                    if Instant::now() >= stop {
+                        break;
+                    }
+                    answers.push(chat(&http, &gateway).await?);
+                }
+                anyhow::Ok(answers)
+            }));
+        }
+        let mut dead = Tally::default();
+        for c in callers {
+            dead.answers.extend(c.await??);
+        }
+        let after = mock_requests(&mocks).await?;
+        dead.report(&format!("dead pool, 4 callers, {} s", args.dead_seconds));
+        println!(
+            "  {:<34} the dead endpoint got {} attempts in {} s (block threshold 5 in a row, first block 60 s)",
+            "",
+            after[0] - before[0],
+            args.dead_seconds
+        );
+        admin(lone, "PUT", "/admin/fault", r#"{"kind": "none"}"#).await?;
+        drop(gateway_proc);
+    }
+    drop(procs);
+    Ok(())
+}

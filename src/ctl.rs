@@ -5,6 +5,7 @@
     reason = "a command-line client prints its results"
 )]
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
@@ -303,16 +304,42 @@ fn watch(
 
 /// Prints what a command made, or why it failed.
 fn finish(result: Result<String, String>) -> ExitCode {
+    // Whatever a value from outside holds, it cannot drive the terminal: every control
+    // character but the renderers' own line ends is written as an escape.
+    let safe = |text: &str| -> String {
+        text.split('\n')
+            .map(|line| printable(line).into_owned())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     match result {
         Ok(text) => {
-            print!("{text}");
+            print!("{}", safe(&text));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", safe(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `s` with every control character written as an escape (`\n`, `\u{1b}`): a value
+/// from outside (an alert's label, a reason, a gateway's name) stays on its own line
+/// of the output, as text.
+fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 fn json<T: Serialize>(value: &T) -> String {
@@ -330,7 +357,7 @@ fn execute(client: &Client, command: CtlCmd, output: Output) -> Result<String, S
             writeln!(out, "{path}: nothing changed (already so)").ok();
         }
         for effect in &r.effects {
-            writeln!(out, "{effect}").ok();
+            writeln!(out, "{}", printable(effect)).ok();
         }
         writeln!(out, "route version {}", r.version).ok();
         Ok(out)
@@ -441,10 +468,14 @@ fn execute(client: &Client, command: CtlCmd, output: Output) -> Result<String, S
     }
 }
 
-/// Renders rows as aligned columns.
+/// Renders rows as aligned columns, each cell on its row whatever it holds.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<Cow<'_, str>>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| printable(cell)).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (i, cell) in row.iter().enumerate() {
             widths[i] = widths[i].max(cell.chars().count());
         }
@@ -462,8 +493,8 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push('\n');
     };
     line(&mut out, header.to_vec());
-    for row in rows {
-        line(&mut out, row.iter().map(String::as_str).collect());
+    for row in &rows {
+        line(&mut out, row.iter().map(|c| c.as_ref()).collect());
     }
     out
 }
@@ -499,14 +530,15 @@ fn render_status(s: &StatusReport) -> String {
         .ok();
     }
     if let Some(d) = &s.dry_run {
-        writeln!(out, "DRY-RUN since {}: {}", ago(s.now, d.since), d.reason).ok();
+        let reason = printable(&d.reason);
+        writeln!(out, "DRY-RUN since {}: {reason}", ago(s.now, d.since)).ok();
     }
     if let Some(f) = &s.global_freeze {
         writeln!(
             out,
             "FROZEN (all models) since {}: {}",
             ago(s.now, f.since),
-            f.reason
+            printable(&f.reason)
         )
         .ok();
     }
@@ -715,10 +747,10 @@ fn render_routes(t: &RouteTable) -> String {
         writeln!(
             out,
             "blocked {} ({}) until {}: {}",
-            b.endpoint,
+            printable(&b.endpoint),
             b.model.as_deref().unwrap_or("all"),
             b.until,
-            b.reason
+            printable(&b.reason)
         )
         .ok();
     }

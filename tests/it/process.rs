@@ -391,6 +391,69 @@ fn ctl_status_shows_why_what_next_and_where_blocks_came_from() {
     assert_eq!(json["blocked"][0]["source"], "operator");
 }
 
+/// What `stanch ctl` prints of values from outside (an alert's name and labels, the
+/// endpoint a `block-endpoint` alert names, an operator's reason) stays text on the
+/// line it belongs to: no forged line, no terminal control, in every view.
+#[test]
+fn ctl_prints_values_from_outside_as_text() {
+    let data = tempfile::tempdir().unwrap();
+    let server = Server::start(data.path(), &[], "http");
+    let forged = "x\nFAKE LINE\r\u{1b}[2J\u{0}";
+    let body = serde_json::json!({"version": "4", "status": "firing", "receiver": "stanch",
+        "alerts": [
+            {"status": "firing", "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+             "labels": {"alertname": forged, "note": forged, "action": "trigger-failover", "target_model": "qwen-72b"}},
+            {"status": "firing", "startsAt": "2026-11-30T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+             "labels": {"alertname": "EndpointDown", "action": "block-endpoint", "endpoint": forged}}]});
+    let r = client()
+        .post(format!("{}/v1/alerts/alertmanager", server.base))
+        .bearer_auth("ing")
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // An argument cannot hold a NUL; the rest of it can.
+    let typed = forged.trim_end_matches('\u{0}');
+    let out = server.ctl(&["--token", "adm", "dry-run", "on", "--reason", typed]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut seen = 0;
+    for view in [
+        &["status"][..],
+        &["history"],
+        &["routes"],
+        &["unblock-all", "--reason", typed],
+    ] {
+        let token = if view[0] == "unblock-all" {
+            "adm"
+        } else {
+            "rd"
+        };
+        let out = server.ctl(&[&["--token", token][..], view].concat());
+        assert!(
+            out.status.success(),
+            "{view:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        for line in text.lines() {
+            assert!(
+                !line.starts_with("FAKE"),
+                "{view:?}: a forged line:\n{text}"
+            );
+            assert!(
+                !line.chars().any(char::is_control),
+                "{view:?}: a control character in {line:?}"
+            );
+        }
+        seen += text.matches(r"x\nFAKE LINE\r\u{1b}[2J").count();
+    }
+    assert!(seen >= 4, "the values are shown, escaped ({seen} times)");
+}
+
 #[test]
 fn serves_tls_when_given_a_certificate() {
     let dir = tempfile::tempdir().unwrap();

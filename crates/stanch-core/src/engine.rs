@@ -366,24 +366,28 @@ impl Engine {
                     ),
                     unhealthy_pools: st.unhealthy_pools.clone(),
                     alerts: st.alerts.clone(),
-                    conditions: st
-                        .alerts
-                        .iter()
-                        .filter_map(|fp| self.state.alerts.get(fp))
-                        .map(|r| ConditionStatus {
-                            fingerprint: r.alert.fingerprint,
-                            alertname: r.alertname().map(str::to_owned),
-                            labels: r.alert.labels.clone(),
-                            starts_at: r.alert.starts_at,
-                            effect: r
-                                .condition
-                                .as_ref()
-                                .map_or_else(String::new, ToString::to_string),
-                        })
-                        .collect(),
+                    conditions: self.conditions(st),
                     step_down,
                 };
                 (name.clone(), status)
+            })
+            .collect()
+    }
+
+    /// The alerts acting on a model, each with what it means there.
+    fn conditions(&self, st: &ModelState) -> Vec<ConditionStatus> {
+        st.alerts
+            .iter()
+            .filter_map(|fp| self.state.alerts.get(fp))
+            .map(|r| ConditionStatus {
+                fingerprint: r.alert.fingerprint,
+                alertname: r.alertname().map(str::to_owned),
+                labels: r.alert.labels.clone(),
+                starts_at: r.alert.starts_at,
+                effect: r
+                    .condition
+                    .as_ref()
+                    .map_or_else(String::new, ToString::to_string),
             })
             .collect()
     }
@@ -393,23 +397,23 @@ impl Engine {
         self.state
             .blocks
             .iter()
-            .map(|(key, b)| BlockStatus {
-                endpoint: key.endpoint.clone(),
-                model: key.model.clone(),
-                until: b.until,
-                seconds_left: b.until.since(now).as_secs(),
-                strikes: b.strikes,
-                reason: b.reason.clone(),
-                source: match b.source {
-                    BlockSource::Alert(_) => BlockOrigin::Alert,
-                    BlockSource::Fleet => BlockOrigin::Fleet,
-                    BlockSource::Operator => BlockOrigin::Operator,
-                },
-                alert: match b.source {
-                    BlockSource::Alert(fp) => Some(fp),
-                    BlockSource::Fleet | BlockSource::Operator => None,
-                },
-                since: b.since,
+            .map(|(key, b)| {
+                let (source, alert) = match b.source {
+                    BlockSource::Alert(fp) => (BlockOrigin::Alert, Some(fp)),
+                    BlockSource::Fleet => (BlockOrigin::Fleet, None),
+                    BlockSource::Operator => (BlockOrigin::Operator, None),
+                };
+                BlockStatus {
+                    endpoint: key.endpoint.clone(),
+                    model: key.model.clone(),
+                    until: b.until,
+                    seconds_left: b.until.since(now).as_secs(),
+                    strikes: b.strikes,
+                    reason: b.reason.clone(),
+                    source,
+                    alert,
+                    since: b.since,
+                }
             })
             .collect()
     }

@@ -231,6 +231,33 @@ proptest! {
         });
     }
 
+    /// What the status report says comes next is what the engine does: a model whose
+    /// `step_down` says `to` at `at` is still where it is just before `at` and on `to`
+    /// at `at`, when nothing but time passes in between. This is the sentence the status
+    /// page and `stanch ctl status` show ("steps down to failover after 42 s more").
+    #[test]
+    fn the_reported_step_down_is_when_and_where_the_engine_steps_down(ops in ops()) {
+        let mut engine = fresh();
+        drive(&mut engine, &ops, T0, |e, now, _| {
+            for (name, m) in e.model_status(now) {
+                let Some(next) = m.step_down else { continue };
+                let mut later = e.clone();
+                if next.at > now {
+                    later.step(Input::Tick, next.at - Duration::from_millis(1));
+                    assert_eq!(
+                        later.state().models[&name].rung, m.decided_rung,
+                        "{name} moved before the reported {}", next.at
+                    );
+                }
+                later.step(Input::Tick, next.at.max(now));
+                assert_eq!(
+                    later.state().models[&name].rung, next.to,
+                    "{name}: reported a step down to {} at {}", next.to, next.at
+                );
+            }
+        });
+    }
+
     /// A forced rung is what gateways get, whatever the alerts say.
     #[test]
     fn an_active_override_always_wins(ops in ops()) {

@@ -6,6 +6,8 @@
 //! it uses is relative, so it works behind a path prefix (an ingress or
 //! `kubectl port-forward`) as long as the prefix ends with `/`.
 
+use std::sync::LazyLock;
+
 use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -27,7 +29,7 @@ const INDEX: Asset = Asset {
 };
 
 /// What `/ui/{asset}` serves.
-const ASSETS: &[Asset] = &[
+const ASSETS: [Asset; 3] = [
     Asset {
         name: "app.js",
         content_type: "text/javascript; charset=utf-8",
@@ -47,19 +49,33 @@ const ASSETS: &[Asset] = &[
 
 /// Scripts and styles from this origin only, no inline code, no framing, no
 /// connections elsewhere: a label value that slipped into markup could run nothing.
-pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
+/// Each file's `ETag`, the index's first and then the assets' in order: the files
+/// are fixed at build time, so their hashes are taken once.
+static ETAGS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+    std::iter::once(&INDEX)
+        .chain(&ASSETS)
+        .map(|asset| {
+            let mut h = Fnv64::default();
+            h.write(asset.body.as_bytes());
+            HeaderValue::from_str(&format!("\"{:016x}\"", h.finish()))
+                .expect("hex digits in quotes")
+        })
+        .collect()
+});
+
 /// `GET /`
 pub(super) async fn index(headers: HeaderMap) -> Response {
-    serve(&INDEX, &headers)
+    serve(&INDEX, &ETAGS[0], &headers)
 }
 
 /// `GET /ui/{asset}`
 pub(super) async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
-    match ASSETS.iter().find(|a| a.name == name) {
-        Some(asset) => serve(asset, &headers),
+    match ASSETS.iter().position(|a| a.name == name) {
+        Some(i) => serve(&ASSETS[i], &ETAGS[i + 1], &headers),
         None => ApiError::NotFound(format!(
             "no such file of the status page: {name:?} (it has {})",
             ASSETS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
@@ -68,13 +84,10 @@ pub(super) async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Respo
     }
 }
 
-fn serve(asset: &Asset, headers: &HeaderMap) -> Response {
-    let mut h = Fnv64::default();
-    h.write(asset.body.as_bytes());
-    let etag = format!("\"{:016x}\"", h.finish());
+fn serve(asset: &Asset, etag: &HeaderValue, headers: &HeaderMap) -> Response {
     let unchanged = headers
         .get(header::IF_NONE_MATCH)
-        .is_some_and(|v| v.as_bytes() == etag.as_bytes());
+        .is_some_and(|v| v == etag);
     let mut response = if unchanged {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -85,10 +98,7 @@ fn serve(asset: &Asset, headers: &HeaderMap) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static(asset.content_type),
     );
-    h.insert(
-        header::ETAG,
-        HeaderValue::from_str(&etag).expect("hex digits in quotes"),
-    );
+    h.insert(header::ETAG, etag.clone());
     // Revalidated each time: after an upgrade the page and its script never mix.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert(

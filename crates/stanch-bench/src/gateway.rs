@@ -163,6 +163,24 @@ impl Usage {
     }
 }
 
+/// A stanch-mock process serving `model` as `instance` on a free loopback port, and
+/// its address.
+pub(crate) fn spawn_mock(
+    binary: &Path,
+    model: &str,
+    instance: &str,
+) -> anyhow::Result<(Proc, String)> {
+    let addr = format!("127.0.0.1:{}", port()?);
+    let child = Command::new(binary)
+        .args(["--listen", &addr, "--model", model, "--instance", instance])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    Ok((Proc(child), addr))
+}
+
 pub(crate) fn port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -490,23 +508,9 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let mut procs = Vec::new();
     let mut mocks = Vec::new();
     for i in 0..3 {
-        let p = port()?;
-        let child = Command::new(&args.mock)
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{p}"),
-                "--model",
-                "qwen-72b",
-                "--instance",
-                &format!("m{i}"),
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("cannot run {}", args.mock.display()))?;
-        procs.push(Proc(child));
-        mocks.push(format!("127.0.0.1:{p}"));
+        let (proc, addr) = spawn_mock(&args.mock, "qwen-72b", &format!("m{i}"))?;
+        procs.push(proc);
+        mocks.push(addr);
     }
     let gw_port = port()?;
     let endpoints: String = mocks

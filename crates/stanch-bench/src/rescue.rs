@@ -15,7 +15,7 @@ use anyhow::Context;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::gateway::{Proc, admin, mock_requests, port, ready};
+use crate::gateway::{Proc, admin, mock_requests, port, ready, spawn_mock};
 use crate::{percentile, show};
 
 /// Arguments of the rescue benchmark.
@@ -55,37 +55,31 @@ struct Answer {
     took: Duration,
 }
 
-/// Answers of one phase.
-#[derive(Default)]
-struct Tally {
-    answers: Vec<Answer>,
-}
-
-impl Tally {
-    fn report(&self, name: &str) {
-        let n = self.answers.len();
-        let errors = self.answers.iter().filter(|a| !a.ok).count();
-        let mut by: Vec<(String, usize)> = Vec::new();
-        for a in &self.answers {
-            match by.iter_mut().find(|(m, _)| *m == a.by) {
-                Some((_, c)) => *c += 1,
-                None => by.push((a.by.clone(), 1)),
-            }
+/// Prints one line for the answers of a phase: errors, who answered, attempts, and
+/// the distribution of the time to answer.
+fn report(name: &str, answers: &[Answer]) {
+    let n = answers.len();
+    let errors = answers.iter().filter(|a| !a.ok).count();
+    let mut by: Vec<(&str, usize)> = Vec::new();
+    for a in answers {
+        match by.iter_mut().find(|(m, _)| *m == a.by) {
+            Some((_, c)) => *c += 1,
+            None => by.push((&a.by, 1)),
         }
-        let by: Vec<String> = by.iter().map(|(m, c)| format!("{m} {c}")).collect();
-        let attempts: u64 = self.answers.iter().map(|a| a.attempts).sum();
-        let mut took: Vec<Duration> = self.answers.iter().map(|a| a.took).collect();
-        took.sort();
-        println!(
-            "  {name:<34} {n:>4} requests, {errors} caller-visible errors (error or FAQ); answered by {}; attempts/request {:.2} (max {}); time to answer p50 {}  p99 {}  max {}",
-            by.join(", "),
-            attempts as f64 / n.max(1) as f64,
-            self.answers.iter().map(|a| a.attempts).max().unwrap_or(0),
-            show(percentile(&took, 0.5)),
-            show(percentile(&took, 0.99)),
-            show(took.last().copied().unwrap_or_default()),
-        );
     }
+    let by: Vec<String> = by.iter().map(|(m, c)| format!("{m} {c}")).collect();
+    let attempts: u64 = answers.iter().map(|a| a.attempts).sum();
+    let mut took: Vec<Duration> = answers.iter().map(|a| a.took).collect();
+    took.sort();
+    println!(
+        "  {name:<34} {n:>4} requests, {errors} caller-visible errors (error or FAQ); answered by {}; attempts/request {:.2} (max {}); time to answer p50 {}  p99 {}  max {}",
+        by.join(", "),
+        attempts as f64 / n.max(1) as f64,
+        answers.iter().map(|a| a.attempts).max().unwrap_or(0),
+        show(percentile(&took, 0.5)),
+        show(percentile(&took, 0.99)),
+        show(took.last().copied().unwrap_or_default()),
+    );
 }
 
 async fn chat(http: &reqwest::Client, gateway: &str) -> anyhow::Result<Answer> {
@@ -128,17 +122,9 @@ pub async fn run(args: RescueArgs) -> anyhow::Result<()> {
     let mut procs = Vec::new();
     let mut mocks = Vec::new();
     for (model, instance) in [("qwen-72b", "dc-a"), ("qwen-14b", "small")] {
-        let p = port()?;
-        let child = Command::new(&args.mock)
-            .args(["--listen", &format!("127.0.0.1:{p}")])
-            .args(["--model", model, "--instance", instance])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("cannot run {}", args.mock.display()))?;
-        procs.push(Proc(child));
-        mocks.push(format!("127.0.0.1:{p}"));
+        let (proc, addr) = spawn_mock(&args.mock, model, instance)?;
+        procs.push(proc);
+        mocks.push(addr);
     }
     for m in &mocks {
         ready(m, "/v1/chat/completions").await?;
@@ -200,7 +186,7 @@ faq_sets:
                 (args.requests / 10).max(10),
             ),
         ] {
-            let (mut all, mut faulted) = (Tally::default(), Tally::default());
+            let (mut others, mut faulted) = (Vec::new(), Vec::new());
             for i in 0..requests {
                 let hit = i % 10 == 5;
                 if hit {
@@ -208,13 +194,13 @@ faq_sets:
                 }
                 let a = chat(&http, &gateway).await?;
                 if hit {
-                    faulted.answers.push(a);
+                    faulted.push(a);
                 } else {
-                    all.answers.push(a);
+                    others.push(a);
                 }
             }
-            faulted.report(&format!("{phase}: the faulted"));
-            all.report(&format!("{phase}: the others"));
+            report(&format!("{phase}: the faulted"), &faulted);
+            report(&format!("{phase}: the others"), &others);
             // The 429 phase leaves the endpoint blocked for its Retry-After.
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
@@ -244,12 +230,15 @@ faq_sets:
                 anyhow::Ok(answers)
             }));
         }
-        let mut dead = Tally::default();
+        let mut dead = Vec::new();
         for c in callers {
-            dead.answers.extend(c.await??);
+            dead.extend(c.await??);
         }
         let after = mock_requests(&mocks).await?;
-        dead.report(&format!("dead pool, 4 callers, {} s", args.dead_seconds));
+        report(
+            &format!("dead pool, 4 callers, {} s", args.dead_seconds),
+            &dead,
+        );
         println!(
             "  {:<34} the dead endpoint got {} attempts in {} s (block threshold 5 in a row, first block 60 s)",
             "",

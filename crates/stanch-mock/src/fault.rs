@@ -38,6 +38,12 @@ pub enum Fault {
         /// Tokens sent before the end.
         after_tokens: usize,
     },
+    /// Break the connection after this many streamed tokens: the body aborts without
+    /// its end, as when the server process dies mid-answer.
+    Break {
+        /// Tokens sent before the break.
+        after_tokens: usize,
+    },
     /// Stop sending after this many tokens and keep the connection open.
     Stall {
         /// Tokens sent before the stall.

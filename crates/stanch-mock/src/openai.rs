@@ -329,6 +329,7 @@ fn streamed(
 ) -> Response {
     let outcome = match &fault {
         Fault::Cut { .. } => "fault:cut",
+        Fault::Break { .. } => "fault:break",
         Fault::Stall { .. } => "fault:stall",
         Fault::MalformedChunk { .. } => "fault:malformed_chunk",
         Fault::MissingDone => "fault:missing_done",
@@ -360,6 +361,14 @@ fn streamed(
                     tokio::time::sleep(Duration::from_millis(*ms)).await
                 }
                 Fault::Cut { after_tokens } if i == *after_tokens && i < n => return None,
+                Fault::Break { after_tokens } if i == *after_tokens && i < n => {
+                    // What came before goes out first, as from a server that dies
+                    // mid-answer; then an error from the body aborts the response
+                    // (no end chunk).
+                    tokio::time::sleep(interval.max(Duration::from_millis(20))).await;
+                    let broken = std::io::Error::other("the mock breaks the connection");
+                    return Some((Err(broken), (i, running, fault, words, kind, true, usage)));
+                }
                 Fault::Stall { after_tokens } if i == *after_tokens && i < n => {
                     tokio::time::sleep(NEVER).await;
                     return None;

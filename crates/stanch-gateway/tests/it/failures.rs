@@ -233,16 +233,23 @@ async fn only(fault: Value) -> (Setup, Upstream) {
 }
 
 #[tokio::test]
-async fn a_stream_cut_after_commit_ends_with_an_explicit_error() {
-    let (gw, _up) = only(json!({"kind": "cut", "after_tokens": 2})).await;
-    let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
-    assert_eq!(content(&ev).split(' ').filter(|w| !w.is_empty()).count(), 2);
-    let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
-    assert_eq!(
-        last["error"]["code"], "stream_interrupted",
-        "never presented as complete"
-    );
-    assert!(!ev.iter().any(|e| e == "[DONE]"));
+async fn a_stream_cut_or_broken_after_commit_ends_with_an_explicit_error() {
+    // A clean end without the final chunk, and a connection aborted mid-body.
+    for kind in ["cut", "break"] {
+        let (gw, _up) = only(json!({"kind": kind, "after_tokens": 2})).await;
+        let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
+        assert_eq!(
+            content(&ev).split(' ').filter(|w| !w.is_empty()).count(),
+            2,
+            "{kind}: {ev:#?}"
+        );
+        let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
+        assert_eq!(
+            last["error"]["code"], "stream_interrupted",
+            "{kind}: never presented as complete"
+        );
+        assert!(!ev.iter().any(|e| e == "[DONE]"), "{kind}");
+    }
 }
 
 #[tokio::test]

@@ -66,6 +66,12 @@ async fn a_one_off_fault_at_the_models_only_endpoint_is_retried_there() {
         (json!({"kind": "status", "status": 503, "count": 1}), true),
         (json!({"kind": "reset", "count": 1}), false),
         (json!({"kind": "reset", "count": 1}), true),
+        // Headers came, then the connection broke before the first token: the caller
+        // has nothing yet, so it is as if it broke before the head.
+        (
+            json!({"kind": "break", "after_tokens": 0, "count": 1}),
+            true,
+        ),
     ] {
         let (gw, a, s) = lone("").await;
         a.fault(fault.clone());
@@ -182,6 +188,13 @@ async fn a_short_retry_after_is_waited_out_and_a_long_one_is_not() {
             1.0
         );
     }
+
+    // Waited out once: a second 429 after the wait is a limit that holds, and the
+    // request moves on.
+    let (gw, a, s) = lone("").await;
+    a.fault(json!({"kind": "status", "status": 429, "retry_after": 1, "count": 2}));
+    assert_eq!(answered(&gw, false).await, ("qwen-14b".to_owned(), 3));
+    assert_eq!((a.requests(), s.requests()), (2, 1));
 
     let (gw, a, s) = lone(", retry_after_max: 1s").await;
     a.fault(json!({"kind": "status", "status": 429, "retry_after": 2, "count": 1}));

@@ -151,6 +151,8 @@ pub(crate) struct Ctx<'g> {
     pub(crate) requested: String,
     /// The model it resolves to here (a name in the gateway's configuration).
     pub(crate) model: &'g str,
+    /// The model whose plan serves it: `model`, or its alias while degraded.
+    pub(crate) serving: &'g str,
     /// The request body as the caller sent it.
     pub(crate) raw: Bytes,
     pub(crate) stream: bool,
@@ -246,6 +248,7 @@ async fn admit(
         api,
         requested,
         model,
+        serving: model,
         raw,
         stream,
         version: table.as_ref().map_or(0, |t| t.version),

@@ -30,12 +30,13 @@ use tracing::{debug, warn};
 
 use crate::Gateway;
 use crate::admit::Ctx;
-use crate::endpoints::{Endpoint, Kind, Work, choose};
+use crate::endpoints::{Endpoint, InFlight, Kind, Work, choose};
 use crate::error::{Again, Failure, Retry};
 use crate::headers;
-use crate::metrics::{AttemptLabels, KindLabel, ModelLabel};
+use crate::metrics::{AttemptLabels, KindLabel, ModelLabel, WinnerLabel};
 use crate::outcome::{Outcome, classify_status, retry_after};
 use crate::route::{plan, table_block};
+use crate::stream::resume::{How, prefilled};
 use crate::upstream::{self, SendError};
 
 /// The most of an upstream error body read, to classify it.
@@ -44,9 +45,10 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// A (model, pool index) of the plan.
 type Target<'g> = (&'g str, usize);
 
-/// Serves the request from `model`'s plan, and answers it.
-pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
+/// Serves the request from its model's plan, and answers it.
+pub(crate) async fn serve(ctx: &mut Ctx<'_>) -> Response {
     let gw = ctx.gw;
+    let model = ctx.serving;
     let per_pool = gw.config.retry.attempts_per_pool;
     let mut targets = plan(gw, model, ctx.table.as_deref(), ctx.wall);
     let mut redirected = false;
@@ -82,7 +84,23 @@ pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
             };
             tried.all.push(endpoint);
             ctx.attempts += 1;
-            let failure = match attempt(ctx, endpoint, deadline).await {
+            let hedge_after = gw.config.models.get(m).and_then(|c| c.hedge_after);
+            let (result, endpoint) = match hedge_after {
+                Some(after) if ctx.stream => {
+                    let hedged =
+                        hedged(ctx, endpoint, after.0, deadline, &targets[t..], &tried).await;
+                    if let Some(second) = hedged.second {
+                        tried.all.push(second);
+                        ctx.attempts += 1;
+                    }
+                    (hedged.result, hedged.endpoint)
+                }
+                _ => {
+                    let so_far = Attempted::of(ctx, &tried);
+                    (attempt(ctx, endpoint, deadline, &so_far).await, endpoint)
+                }
+            };
+            let failure = match result {
                 Ok(answer) => {
                     return crate::respond::finish(ctx, answer, Some(endpoint), "success");
                 }
@@ -136,14 +154,14 @@ pub(crate) async fn serve(ctx: &mut Ctx<'_>, model: &str) -> Response {
 #[derive(Default)]
 struct Tried<'g> {
     /// Each attempted endpoint, once per attempt.
-    all: Vec<&'g Endpoint>,
+    all: Vec<&'g Arc<Endpoint>>,
     /// Those attempted again, once for each time.
     again: Vec<&'g Endpoint>,
 }
 
 impl Tried<'_> {
     fn has(&self, e: &Endpoint) -> bool {
-        self.all.iter().any(|t| std::ptr::eq(*t, e))
+        self.all.iter().any(|t| std::ptr::eq(t.as_ref(), e))
     }
 
     fn times_again(&self, e: &Endpoint) -> u32 {
@@ -353,14 +371,54 @@ fn backoff(gw: &Gateway, attempts: u32) -> Duration {
     )
 }
 
+/// What a request has attempted when it attempts an endpoint: what a stream committed
+/// to that endpoint keeps, to be continued elsewhere if it breaks.
+pub(crate) struct Attempted<'a> {
+    /// Every endpoint attempted, this one included.
+    pub(crate) tried: &'a [&'a Arc<Endpoint>],
+    /// Attempts, this one included.
+    pub(crate) attempts: u32,
+}
+
+impl<'a> Attempted<'a> {
+    fn of(ctx: &Ctx<'_>, tried: &'a Tried<'a>) -> Attempted<'a> {
+        Attempted {
+            tried: &tried.all,
+            attempts: ctx.attempts,
+        }
+    }
+}
+
 /// One attempt at `endpoint`: the answer, or why there is none.
 async fn attempt(
     ctx: &Ctx<'_>,
     endpoint: &Arc<Endpoint>,
     deadline: Instant,
+    so_far: &Attempted<'_>,
 ) -> Result<Response, Failure> {
     let gw = ctx.gw;
-    let mut request = endpoint.post(ctx.api as usize, payload(ctx, endpoint));
+    let (response, sent, in_flight) = send(ctx, endpoint, payload(ctx, endpoint), deadline).await?;
+    if ctx.stream && is_stream(&response) {
+        let (head, body) = response.into_parts();
+        return crate::stream::commit(ctx, endpoint, head.headers, body, sent, in_flight, so_far)
+            .await;
+    }
+    let answer = whole(gw, endpoint, response, sent, deadline).await;
+    drop(in_flight);
+    answer
+}
+
+/// Sends `body` to `endpoint` and waits for the head of a successful answer, within
+/// `timeouts.first_byte` and the deadline; an error status is a [`Failure`], read and
+/// classified. Gives the answer with when it was sent, counted in flight.
+async fn send(
+    ctx: &Ctx<'_>,
+    endpoint: &Arc<Endpoint>,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<(hyper::Response<upstream::Body>, Instant, InFlight), Failure> {
+    let gw = ctx.gw;
+    let mut request = endpoint.post(ctx.api as usize, body);
     ctx.forward.onto(request.headers_mut());
     let in_flight = endpoint.start();
     let sent = Instant::now();
@@ -388,18 +446,276 @@ async fn attempt(
     if !response.status().is_success() {
         return Err(refused(gw, endpoint, response, sent).await);
     }
-    let is_stream = response
+    Ok((response, sent, in_flight))
+}
+
+fn is_stream<B>(response: &hyper::Response<B>) -> bool {
+    response
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    if ctx.stream && is_stream {
-        let (head, body) = response.into_parts();
-        return crate::stream::commit(ctx, endpoint, head.headers, body, sent, in_flight).await;
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// A hedged attempt: what answered, and the second target attempted, if one was.
+struct Hedged<'g> {
+    result: Result<Response, Failure>,
+    /// The endpoint `result` is from.
+    endpoint: &'g Arc<Endpoint>,
+    second: Option<&'g Arc<Endpoint>>,
+}
+
+/// An attempt at a stream that, after `after` without a first token, is sent to the
+/// next open target in `rest` as well (from the retry budget, within `max_attempts`):
+/// the first of the two to stream serves the caller, and the other is cancelled
+/// (dropped, which closes its connection). One that fails leaves the other to answer.
+async fn hedged<'g>(
+    ctx: &Ctx<'g>,
+    endpoint: &'g Arc<Endpoint>,
+    after: Duration,
+    deadline: Instant,
+    rest: &[Target<'g>],
+    tried: &Tried<'g>,
+) -> Hedged<'g> {
+    let gw = ctx.gw;
+    let so_far = Attempted::of(ctx, tried);
+    let original = attempt(ctx, endpoint, deadline, &so_far);
+    tokio::pin!(original);
+    let single = |result| Hedged {
+        result,
+        endpoint,
+        second: None,
+    };
+    tokio::select! {
+        biased;
+        result = &mut original => return single(result),
+        () = tokio::time::sleep_until((Instant::now() + after).min(deadline)) => {}
     }
-    let answer = whole(gw, endpoint, response, sent, deadline).await;
-    drop(in_flight);
-    answer
+    let Some(second) = hedge_target(ctx, rest, tried) else {
+        return single(original.await);
+    };
+    debug!(endpoint = %endpoint.url, hedge = %second.url, "no first token yet: hedged");
+    let mut both = tried.all.clone();
+    both.push(second);
+    let so_far = Attempted {
+        tried: &both,
+        attempts: ctx.attempts + 1,
+    };
+    let hedge = attempt(ctx, second, deadline, &so_far);
+    tokio::pin!(hedge);
+    let (first, first_is_hedge) = tokio::select! {
+        result = &mut original => (result, false),
+        result = &mut hedge => (result, true),
+    };
+    let (winner, result, answered) = match first {
+        Ok(answer) => (
+            if first_is_hedge { "hedge" } else { "original" },
+            Ok(answer),
+            if first_is_hedge { second } else { endpoint },
+        ),
+        // The other may still answer.
+        Err(_) if first_is_hedge => {
+            let result = original.await;
+            (
+                if result.is_ok() {
+                    "original"
+                } else {
+                    "neither"
+                },
+                result,
+                endpoint,
+            )
+        }
+        Err(_) => {
+            let result = hedge.await;
+            (
+                if result.is_ok() { "hedge" } else { "neither" },
+                result,
+                second,
+            )
+        }
+    };
+    gw.metrics
+        .hedges
+        .get_or_create(&WinnerLabel { winner })
+        .inc();
+    Hedged {
+        result,
+        endpoint: answered,
+        second: Some(second),
+    }
+}
+
+/// The endpoint a hedge goes to: the best open one not yet attempted, in this target
+/// or the ones after it; none once `max_attempts` or the retry budget is spent.
+fn hedge_target<'g>(
+    ctx: &Ctx<'g>,
+    rest: &[Target<'g>],
+    tried: &Tried<'g>,
+) -> Option<&'g Arc<Endpoint>> {
+    let gw: &'g Gateway = ctx.gw;
+    if ctx.attempts >= gw.config.retry.max_attempts {
+        return None;
+    }
+    let now = Instant::now();
+    let (table, wall) = (ctx.table.as_deref(), ctx.wall);
+    let blocked = |e: &Endpoint| {
+        table
+            .and_then(|t| table_block(t, e, wall))
+            .map(|until| until.since(wall))
+    };
+    let slow_start = gw.config.blocking.slow_start.0;
+    for (m, p) in rest {
+        let endpoints = &gw.models[*m].pools[*p].1;
+        let open: Vec<&Endpoint> = endpoints
+            .iter()
+            .map(Arc::as_ref)
+            .filter(|e| !tried.has(e) && e.blocked(now).is_none() && blocked(e).is_none())
+            .collect();
+        let Some((chosen, _)) = choose(&open, blocked, Kind::Stream, now, slow_start) else {
+            continue;
+        };
+        if !gw.budget.try_retry(now) {
+            gw.metrics.budget_exhausted.inc();
+            return None;
+        }
+        count_retry(ctx);
+        return endpoints.iter().find(|e| std::ptr::eq(e.as_ref(), chosen));
+    }
+    None
+}
+
+/// A request whose stream the caller is reading, kept to continue that stream
+/// elsewhere if it breaks: what its [`Ctx`] holds, owned, with what it has attempted.
+pub(crate) struct Resume {
+    gw: Arc<Gateway>,
+    api: crate::admit::Api,
+    requested: String,
+    serving: String,
+    raw: Bytes,
+    started: Instant,
+    degraded: bool,
+    tenant: Option<usize>,
+    forward: crate::headers::Forward,
+    /// Attempts so far, continuations included.
+    pub(crate) attempts: u32,
+    tried: Vec<Arc<Endpoint>>,
+}
+
+/// A continuation of a broken stream: the head of another upstream's stream, its body
+/// not yet read.
+pub(crate) struct Continued {
+    pub(crate) endpoint: Arc<Endpoint>,
+    pub(crate) body: upstream::Body,
+    pub(crate) sent: Instant,
+    pub(crate) in_flight: InFlight,
+    pub(crate) how: How,
+}
+
+impl Resume {
+    /// What continuing `ctx`'s stream needs, after `so_far`.
+    pub(crate) fn of(ctx: &Ctx<'_>, so_far: &Attempted<'_>) -> Resume {
+        Resume {
+            gw: ctx.gw.clone(),
+            api: ctx.api,
+            requested: ctx.requested.clone(),
+            serving: ctx.serving.to_owned(),
+            raw: ctx.raw.clone(),
+            started: ctx.started,
+            degraded: ctx.degraded,
+            tenant: ctx.tenant,
+            forward: ctx.forward.clone(),
+            attempts: so_far.attempts,
+            tried: so_far.tried.iter().map(|e| Arc::clone(e)).collect(),
+        }
+    }
+}
+
+/// Finds a continuation of a stream that broke with `text` (`tokens` of it) at the
+/// caller: the plan again, from the route table in force now, over the endpoints not
+/// yet attempted, as retries (budget, backoff, `max_attempts`, within
+/// `timeouts.total` of the request's start). A pool that takes a prefill gets the
+/// partial answer to continue; any other, the request to regenerate. A refusal (a
+/// pool that does not take the prefill it was said to) moves on, and is never the
+/// caller's answer. Gives the resume back, with what it attempted.
+pub(crate) async fn continuation(
+    mut r: Resume,
+    text: String,
+    tokens: u32,
+) -> (Resume, Option<Continued>) {
+    let gw = r.gw.clone();
+    let Some((serving, _)) = gw.models.get_key_value(r.serving.as_str()) else {
+        return (r, None);
+    };
+    let table = gw.table();
+    let mut tried = Tried::default();
+    tried.all = gw
+        .endpoints()
+        .filter(|e| r.tried.iter().any(|t| Arc::ptr_eq(t, e)))
+        .collect();
+    let mut ctx = Ctx {
+        gw: &gw,
+        api: r.api,
+        requested: r.requested.clone(),
+        model: serving,
+        serving,
+        raw: r.raw.clone(),
+        stream: true,
+        version: table.as_ref().map_or(0, |t| t.version),
+        wall: gw.clock.now(),
+        table,
+        started: r.started,
+        degraded: r.degraded,
+        attempts: r.attempts,
+        tenant: r.tenant,
+        forward: r.forward.clone(),
+    };
+    let targets = plan(&gw, serving, ctx.table.as_deref(), ctx.wall);
+    let deadline = r.started + gw.config.timeouts.total.0;
+    let mut found = None;
+    'targets: for t in 0..targets.len() {
+        let (m, p) = targets[t];
+        for _ in 0..gw.config.retry.attempts_per_pool {
+            let endpoint = match next(&ctx, &targets, t, &tried, deadline, false).await {
+                Next::Try(endpoint) => endpoint,
+                Next::PoolDone | Next::PassOver => break,
+                Next::Stop => break 'targets,
+            };
+            tried.all.push(endpoint);
+            ctx.attempts += 1;
+            let prefill = gw.config.models[m].pools[p].prefill;
+            let model = endpoint
+                .upstream_model
+                .as_deref()
+                .filter(|n| **n != ctx.requested);
+            let (how, body) = match prefilled(&ctx.raw, ctx.api, prefill, &text, tokens, model) {
+                Some(body) => (How::Prefill, body),
+                None => (How::Regenerate, payload(&ctx, endpoint)),
+            };
+            match send(&ctx, endpoint, body, deadline).await {
+                Ok((response, sent, in_flight)) if is_stream(&response) => {
+                    found = Some(Continued {
+                        endpoint: endpoint.clone(),
+                        body: response.into_body(),
+                        sent,
+                        in_flight,
+                        how,
+                    });
+                    break 'targets;
+                }
+                Ok((_, sent, _)) => {
+                    record(&gw, endpoint, Failure::new(Outcome::ServerError(200)), sent);
+                }
+                Err(failure) if failure.answer.is_some() => {
+                    warn!(endpoint = %endpoint.url, how = how.label(), outcome = failure.outcome.label(), "a continuation of a broken stream was refused; moving on");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    r.attempts = ctx.attempts;
+    r.tried = tried.all.iter().map(|e| Arc::clone(e)).collect();
+    (r, found)
 }
 
 /// The caller's bytes, untouched unless the upstream names the model differently.

@@ -103,6 +103,12 @@ pub struct ModelConfig {
     /// Time to first token, overriding `timeouts.first_token`.
     #[serde(default)]
     pub first_token_timeout: Option<HumanDuration>,
+    /// A stream with no first token after this long is sent to the next target as
+    /// well, and the first of the two to stream serves the caller (the other is
+    /// cancelled); unset, a stream waits its whole first-token timeout. It must be
+    /// shorter than that timeout.
+    #[serde(default)]
+    pub hedge_after: Option<HumanDuration>,
 }
 
 /// A pool of endpoints.
@@ -113,6 +119,27 @@ pub struct PoolConfig {
     pub name: String,
     /// Its endpoints.
     pub endpoints: Vec<EndpointConfig>,
+    /// Whether its endpoints continue a partial answer given as a trailing assistant
+    /// message, which is how a broken stream is continued here.
+    #[serde(default)]
+    pub prefill: Prefill,
+}
+
+/// How a pool's endpoints take a partial answer to continue (an assistant prefill).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prefill {
+    /// Not at all: a broken stream is continued here only by regenerating the answer,
+    /// and spliced only if the new one begins with exactly what the caller has.
+    #[default]
+    None,
+    /// A trailing assistant message is continued (Anthropic's and llama.cpp's
+    /// OpenAI-compatible APIs); for `/v1/completions`, the prompt with the partial
+    /// text appended.
+    Assistant,
+    /// As `assistant`, with `continue_final_message: true` and
+    /// `add_generation_prompt: false`, which vLLM and SGLang need to continue it.
+    Vllm,
 }
 
 /// One upstream endpoint.
@@ -242,6 +269,9 @@ impl Default for Timeouts {
 
 /// The most `retry.same_endpoint` may be: more is a retry storm on one endpoint.
 const MAX_SAME_ENDPOINT: u32 = 3;
+/// The most `retry.stream_resumes` may be: a stream that keeps breaking is not
+/// worth chasing across the fleet.
+const MAX_STREAM_RESUMES: u32 = 3;
 
 /// Retries of one request.
 #[derive(Debug, Clone, Deserialize)]
@@ -269,6 +299,11 @@ pub struct RetryPolicy {
     /// (never less than it says) when the model has no other endpoint open to try; a
     /// longer one moves on at once. `0s` never waits.
     pub retry_after_max: HumanDuration,
+    /// Times one stream that breaks or stalls after its first token is continued on
+    /// another endpoint or a fallback model (with the partial answer as a prefill where
+    /// the pool takes one, else regenerated and spliced only where it matches); 0 ends
+    /// it with an error event at once.
+    pub stream_resumes: u32,
 }
 
 impl Default for RetryPolicy {
@@ -283,6 +318,7 @@ impl Default for RetryPolicy {
             budget_min_retries: 10,
             same_endpoint: 1,
             retry_after_max: HumanDuration::secs(5),
+            stream_resumes: 1,
         }
     }
 }
@@ -525,6 +561,17 @@ impl GatewayConfig {
                     validate_endpoint(&ep, e, &mut problem);
                 }
             }
+            if let Some(hedge) = m.hedge_after {
+                let first_token = m.first_token_timeout.unwrap_or(self.timeouts.first_token);
+                if hedge.0.is_zero() || hedge.0 >= first_token.0 {
+                    problem(
+                        format!("{at}.hedge_after"),
+                        format!(
+                            "{hedge} must be more than 0s and less than the first-token timeout ({first_token})"
+                        ),
+                    );
+                }
+            }
             for (i, f) in m.fallbacks.iter().enumerate() {
                 if f == name || !self.models.contains_key(f) || is_glob(f) {
                     problem(
@@ -599,6 +646,15 @@ impl GatewayConfig {
                 format!(
                     "{} attempts again at one endpoint is too many: at most {MAX_SAME_ENDPOINT}",
                     r.same_endpoint
+                ),
+            );
+        }
+        if r.stream_resumes > MAX_STREAM_RESUMES {
+            problem(
+                "retry.stream_resumes".into(),
+                format!(
+                    "{} resumes of one stream is too many: at most {MAX_STREAM_RESUMES}",
+                    r.stream_resumes
                 ),
             );
         }
@@ -795,15 +851,17 @@ mod tests {
 models:
   m:
     fallbacks: [ghost]
+    hedge_after: 20s
     pools:
       - name: a
+        prefill: vllm
         endpoints:
           - {url: "ftp://10.0.0.1"}
           - {url: "http://10.0.0.2:8000/?v=1", weight: 0}
           - {url: "https://", capacity: 0}
 timeouts: {connect: 0s, total: 30s}
 max_response_bytes: 0
-retry: {same_endpoint: 50, retry_after_max: 1m}
+retry: {same_endpoint: 50, retry_after_max: 1m, stream_resumes: 9}
 "#,
         );
         let expected = [
@@ -814,6 +872,8 @@ retry: {same_endpoint: 50, retry_after_max: 1m}
             "max_response_bytes: must be at least 1",
             "timeouts.connect: must be longer than 0s",
             "retry.same_endpoint: 50 attempts again at one endpoint is too many: at most 3",
+            "retry.stream_resumes: 9 resumes of one stream is too many: at most 3",
+            "models.m.hedge_after: 20s must be more than 0s and less than the first-token timeout (15s)",
             "retry.retry_after_max: 1m would wait out the whole request: it must be shorter than timeouts.total (30s)",
         ];
         for line in expected {

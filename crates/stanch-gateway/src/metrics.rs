@@ -136,6 +136,22 @@ pub struct RequestLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of a broken stream's resume.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResumeLabels {
+    /// `prefill`, `regenerate` or `none`.
+    pub how: &'static str,
+    /// `spliced`, `diverged` or `unavailable`.
+    pub result: &'static str,
+}
+
+/// Labels of a hedged stream.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WinnerLabel {
+    /// `original`, `hedge` or `neither`.
+    pub winner: &'static str,
+}
+
 /// Labels of one upstream attempt.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
@@ -214,6 +230,14 @@ pub struct Metrics {
     /// Attempts again at the same endpoint, by why: `transient` (a one-off fault) or
     /// `retry_after` (a 429's wait, waited out).
     pub same_endpoint_retries: Family<KindLabel, Counter>,
+    /// Streams that broke after their first token and were continued elsewhere, by
+    /// how (`prefill`, `regenerate`; `none` when no target gave a continuation) and
+    /// how it went (`spliced`: the continuation reached the caller; `diverged`: a
+    /// regenerated answer did not match what the caller had; `unavailable`).
+    pub stream_resumes: Family<ResumeLabels, Counter>,
+    /// Streams sent to a second target after `hedge_after` without a first token,
+    /// by which of the two served the caller (`original`, `hedge`, `neither`).
+    pub hedges: Family<WinnerLabel, Counter>,
     /// Fallbacks by kind: `pool`, `model`, `larger_context`, `faq`.
     pub fallbacks: Family<KindLabel, Counter>,
     /// Answers from an alias model while degraded, by requested model.
@@ -274,6 +298,8 @@ impl Metrics {
             rejected: Family::default(),
             retries: Family::default(),
             same_endpoint_retries: Family::default(),
+            stream_resumes: Family::default(),
+            hedges: Family::default(),
             fallbacks: Family::default(),
             degraded: Family::default(),
             static_answers: Family::default(),
@@ -325,6 +351,16 @@ impl Metrics {
             "same_endpoint_retries",
             "Attempts again at the same endpoint, by why (transient, retry_after)",
             m.same_endpoint_retries.clone(),
+        );
+        registry.register(
+            "stream_resumes",
+            "Broken streams continued elsewhere, by how and result",
+            m.stream_resumes.clone(),
+        );
+        registry.register(
+            "hedged_streams",
+            "Streams hedged to a second target, by which served the caller",
+            m.hedges.clone(),
         );
         registry.register("fallbacks", "Fallbacks by kind", m.fallbacks.clone());
         registry.register(

@@ -37,7 +37,8 @@ pub(crate) async fn route(ctx: &mut Ctx<'_>) -> axum::response::Response {
                     })
                     .inc();
             }
-            crate::attempt::serve(ctx, model).await
+            ctx.serving = model;
+            crate::attempt::serve(ctx).await
         }
     }
 }

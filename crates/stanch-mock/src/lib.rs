@@ -48,6 +48,23 @@ pub struct MockConfig {
     /// Close a keep-alive connection idle this long, as uvicorn (hence vLLM) does after
     /// 5 s; `None` keeps it open.
     pub keep_alive: Option<Duration>,
+    /// What it makes of a chat request whose last message is the assistant's.
+    pub prefill: Prefill,
+}
+
+/// What a mock makes of a chat request that ends with an assistant message (a partial
+/// answer to continue), as the servers it stands in for do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Prefill {
+    /// Takes it for history and answers afresh, as OpenAI's API does.
+    #[default]
+    Ignore,
+    /// Continues it: the answer is the rest of what the request without it would have
+    /// been given (`max_tokens` counting the partial answer's words), as vLLM with
+    /// `continue_final_message` does.
+    Continue,
+    /// Refuses it with a 400, as some providers do for models without prefill.
+    Reject,
 }
 
 impl MockConfig {
@@ -61,6 +78,7 @@ impl MockConfig {
             token_interval: Duration::ZERO,
             admin_token: None,
             keep_alive: None,
+            prefill: Prefill::Ignore,
         }
     }
 }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use stanch_mock::{Mock, MockConfig};
+use stanch_mock::{Mock, MockConfig, Prefill};
 
 /// An OpenAI-compatible mock upstream with runtime fault injection.
 #[derive(Debug, Parser)]
@@ -34,6 +34,9 @@ struct Args {
     /// Close keep-alive connections idle this many seconds (uvicorn, hence vLLM: 5).
     #[arg(long)]
     keep_alive_seconds: Option<f64>,
+    /// What it makes of a chat request ending with an assistant message.
+    #[arg(long, value_enum, default_value_t = Prefill::Ignore)]
+    prefill: Prefill,
     /// Serve TLS with this PEM certificate chain (with --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
@@ -54,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
     config.admin_token = args.admin_token;
     config.max_context_words = args.max_context_words;
     config.token_interval = Duration::from_millis(args.token_interval_ms);
+    config.prefill = args.prefill;
     config.keep_alive = args
         .keep_alive_seconds
         .map(Duration::try_from_secs_f64)

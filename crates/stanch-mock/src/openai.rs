@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::{Fault, Mock};
+use crate::{Fault, Mock, Prefill};
 
 /// Fixed, so answers are reproducible.
 const CREATED: u64 = 1_796_000_000;
@@ -143,6 +143,16 @@ fn answer(body: &Value, n: usize) -> Vec<&'static str> {
     (0..n).map(|i| WORDS[(seed + i) % WORDS.len()]).collect()
 }
 
+/// The words of a trailing assistant message (a partial answer), if there is one.
+fn prefill(body: &Value) -> Option<usize> {
+    let last = body["messages"].as_array()?.last()?;
+    (last["role"] == "assistant").then(|| {
+        last["content"]
+            .as_str()
+            .map_or(0, |c| c.split_whitespace().count())
+    })
+}
+
 /// `POST /v1/chat/completions`
 pub(crate) async fn chat(State(mock): State<Mock>, headers: HeaderMap, body: Bytes) -> Response {
     let response = generate(&mock, &headers, &body, Kind::Chat).await;
@@ -209,12 +219,42 @@ async fn generate(mock: &Mock, headers: &HeaderMap, raw: &[u8], kind: Kind) -> R
         }
         _ => {}
     }
-    let n = body["max_tokens"]
+    let prefilled = match prefill(&body) {
+        Some(_) if kind == Kind::Chat && mock.config.prefill == Prefill::Reject => {
+            mock.outcome("prefill_rejected");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                "this model does not support assistant message prefill",
+            );
+        }
+        Some(words) if kind == Kind::Chat && mock.config.prefill == Prefill::Continue => words,
+        _ => 0,
+    };
+    let mut original = body.clone();
+    if prefilled > 0 {
+        // The request without the partial answer, as it was first sent.
+        if let Some(messages) = original["messages"].as_array_mut() {
+            messages.pop();
+        }
+        if let Some(o) = original.as_object_mut() {
+            o.remove("continue_final_message");
+            o.remove("add_generation_prompt");
+            for key in ["max_tokens", "max_completion_tokens"] {
+                if let Some(n) = o.get(key).and_then(Value::as_u64) {
+                    o.insert(key.into(), Value::from(n + prefilled as u64));
+                }
+            }
+        }
+    }
+    let n = original["max_tokens"]
         .as_u64()
-        .or_else(|| body["max_completion_tokens"].as_u64())
+        .or_else(|| original["max_completion_tokens"].as_u64())
         .unwrap_or(16)
         .clamp(1, 512) as usize;
-    let words = answer(&body, n);
+    let mut words = answer(&original, n);
+    words.drain(..prefilled.min(words.len()));
     let stream = body["stream"].as_bool().unwrap_or(false);
     let prompt_tokens = prompt_words(kind, &body);
     if !stream {
@@ -257,12 +297,12 @@ async fn whole(
     let model = &mock.config.model;
     let body = match kind {
         Kind::Chat => json!({
-            "id": "chatcmpl-mock", "object": "chat.completion", "created": CREATED, "model": model,
+            "id": format!("chatcmpl-{}", mock.config.instance), "object": "chat.completion", "created": CREATED, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": usage,
         }),
         Kind::Completion => json!({
-            "id": "cmpl-mock", "object": "text_completion", "created": CREATED, "model": model,
+            "id": format!("cmpl-{}", mock.config.instance), "object": "text_completion", "created": CREATED, "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": null}],
             "usage": usage,
         }),
@@ -286,11 +326,11 @@ fn chunk(
                 (Some(c), false) => json!({"content": c}),
                 (None, _) => json!({}),
             };
-            json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": CREATED, "model": model,
+            json!({"id": format!("chatcmpl-{}", mock.config.instance), "object": "chat.completion.chunk", "created": CREATED, "model": model,
                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
         }
         Kind::Completion => {
-            json!({"id": "cmpl-mock", "object": "text_completion", "created": CREATED, "model": model,
+            json!({"id": format!("cmpl-{}", mock.config.instance), "object": "text_completion", "created": CREATED, "model": model,
                    "choices": [{"index": 0, "text": content.unwrap_or(""), "finish_reason": finish, "logprobs": null}]})
         }
     };
@@ -303,8 +343,11 @@ fn chunk(
 /// The last chunk of a stream that asked for usage: no choices, the usage.
 fn usage_chunk(mock: &Mock, kind: Kind, usage: &Value) -> Bytes {
     let (id, object) = match kind {
-        Kind::Chat => ("chatcmpl-mock", "chat.completion.chunk"),
-        Kind::Completion => ("cmpl-mock", "text_completion"),
+        Kind::Chat => (
+            format!("chatcmpl-{}", mock.config.instance),
+            "chat.completion.chunk",
+        ),
+        Kind::Completion => (format!("cmpl-{}", mock.config.instance), "text_completion"),
     };
     let value = json!({"id": id, "object": object, "created": CREATED,
                        "model": mock.config.model, "choices": [], "usage": usage});

@@ -10,6 +10,7 @@
 //! [`sse`], which sees only what it must (a chunk's end, `[DONE]`, errors).
 
 mod relay;
+pub(crate) mod resume;
 pub(crate) mod sse;
 
 use std::sync::Arc;
@@ -24,14 +25,15 @@ use stanch_net::timer::timeout_at;
 use tokio::time::Instant;
 
 use crate::Gateway;
-use crate::admit::Ctx;
-use crate::attempt::record;
+use crate::admit::{Api, Ctx};
+use crate::attempt::{Attempted, Resume, record};
 use crate::endpoints::{Endpoint, InFlight};
 use crate::error::Failure;
 use crate::headers;
 use crate::outcome::Outcome;
 use crate::upstream;
-use relay::{End, Open, Relay, Relayed};
+use relay::{End, Open, Relay, Relayed, Request};
+use resume::Transcript;
 
 /// The event that ends an OpenAI stream.
 const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -72,7 +74,7 @@ async fn first_token(
             continue;
         };
         match relay.take(data, malformed) {
-            Some(End::Error) => return Err(failed(Outcome::ServerError(200))),
+            Some(End::Error | End::Diverged) => return Err(failed(Outcome::ServerError(200))),
             Some(End::Done) => return Ok(Some(Outcome::Success)),
             None if relay.started => return Ok(None),
             None => {}
@@ -81,7 +83,8 @@ async fn first_token(
 }
 
 /// Waits for the first token, then commits the stream to the caller: the answer whose
-/// body relays the rest.
+/// body relays the rest. Unless `retry.stream_resumes` is 0, the stream keeps what it
+/// needs to be continued elsewhere should it break.
 pub(crate) async fn commit(
     ctx: &Ctx<'_>,
     endpoint: &Arc<Endpoint>,
@@ -89,9 +92,14 @@ pub(crate) async fn commit(
     mut body: upstream::Body,
     sent: Instant,
     in_flight: InFlight,
+    so_far: &Attempted<'_>,
 ) -> Result<Response, Failure> {
     let gw = ctx.gw.clone();
+    let resumes = gw.config.retry.stream_resumes;
     let mut relay = Relay::default();
+    if resumes > 0 && ctx.api != Api::Embeddings {
+        relay.transcript = Some(Transcript::new(gw.config.max_response_bytes));
+    }
     let malformed = gw.metrics.malformed_chunks.clone();
     let end = first_token(&gw, endpoint, &mut body, &mut relay, &malformed, sent).await?;
     let ttft = sent.elapsed();
@@ -99,25 +107,33 @@ pub(crate) async fn commit(
     if let Some((_, ttft_seconds)) = &histograms {
         ttft_seconds.observe(ttft.as_secs_f64());
     }
+    let resume = relay
+        .transcript
+        .is_some()
+        .then(|| Box::new(Resume::of(ctx, so_far)));
     // Committed: from here on the caller has bytes, so failures end the stream explicitly.
+    let timeouts = gw.config.timeouts.clone();
     let mut relayed = Relayed::new(
         relay,
-        gw.config.timeouts.stream_idle.0,
+        &timeouts,
         malformed,
         Open {
             upstream: body,
             endpoint: endpoint.clone(),
             sent,
-            ttft,
+            ttft: Some(ttft),
+            _in_flight: in_flight,
+        },
+        Request {
             histograms,
             model: ctx.model.to_owned(),
             version: ctx.version,
-            attempts: ctx.attempts,
+            attempts: so_far.attempts,
             started: ctx.started,
             request_id: ctx.forward.request_id.clone(),
-            _in_flight: in_flight,
             gw,
         },
+        resume.map(|r| (r, resumes)),
     );
     if let Some(outcome) = end {
         relayed.end(outcome);

@@ -7,6 +7,7 @@ mod fleet;
 mod headers;
 mod process;
 mod rescue;
+mod resume;
 mod routing;
 mod sdk;
 mod slow;

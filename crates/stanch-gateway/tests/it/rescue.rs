@@ -253,3 +253,124 @@ async fn a_dead_pool_gets_at_most_the_threshold_per_block_period() {
         a.requests()
     );
 }
+
+/// qwen-72b hedged after 100 ms, in two pools of one endpoint each (`a`, `b`); its
+/// first-token timeout is 2 s, so only a hedge answers a slow start sooner.
+async fn hedging(a: &Upstream, b: &Upstream) -> Setup {
+    let policy = POLICY.replace("first_token: 400ms", "first_token: 2s");
+    let yaml = format!(
+        "models:
+  qwen-72b:
+    hedge_after: 100ms
+    pools:
+      - {{name: dc-a, endpoints: [{{url: '{{a}}'}}]}}
+      - {{name: dc-b, endpoints: [{{url: '{{b}}'}}]}}
+{policy}"
+    );
+    gateway(&yaml, &[("a", a), ("b", b)]).await
+}
+
+fn hedges(metrics: &str, winner: &str) -> f64 {
+    sample(
+        metrics,
+        "stanch_gateway_hedged_streams_total",
+        &[("winner", winner)],
+    )
+}
+
+/// A stream with no first token after `hedge_after` is sent to the next target too,
+/// and the first to stream serves the caller: the hedge when the original is slower,
+/// the original when it is faster or the hedge fails.
+#[tokio::test]
+async fn a_slow_first_token_is_hedged_and_the_first_to_stream_serves() {
+    // The original takes 1.5 s to its first token; the hedge answers at once.
+    let (a, b) = (
+        Upstream::start("qwen-72b", "a").await,
+        Upstream::start("qwen-72b", "b").await,
+    );
+    a.fault(json!({"kind": "slow_first_token", "ms": 1500}));
+    let gw = hedging(&a, &b).await;
+    let started = Instant::now();
+    let r = gw.chat("qwen-72b", true).await;
+    assert_eq!(r.headers()["x-stanch-attempts"], "2");
+    let ev = events(&r.text().await.unwrap());
+    let took = started.elapsed();
+    assert_eq!(content(&ev).split(' ').count(), 4, "{ev:?}");
+    let first: Value = serde_json::from_str(&ev[0]).unwrap();
+    assert_eq!(first["id"], "chatcmpl-b", "the hedge served it");
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_millis(1000),
+        "hedged after 100 ms, not after the slow start: {took:?}"
+    );
+    assert_eq!(hedges(&gw.metrics().await, "hedge"), 1.0);
+
+    // The original streams at 300 ms, the hedge not before 1.5 s.
+    let (a, b) = (
+        Upstream::start("qwen-72b", "a").await,
+        Upstream::start("qwen-72b", "b").await,
+    );
+    a.fault(json!({"kind": "slow_first_token", "ms": 300}));
+    b.fault(json!({"kind": "slow_first_token", "ms": 1500}));
+    let gw = hedging(&a, &b).await;
+    let started = Instant::now();
+    let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
+    let first: Value = serde_json::from_str(&ev[0]).unwrap();
+    assert_eq!(first["id"], "chatcmpl-a");
+    assert!(started.elapsed() < Duration::from_millis(1000));
+    assert_eq!(hedges(&gw.metrics().await, "original"), 1.0);
+    assert_eq!(b.requests(), 1, "the hedge was sent");
+
+    // The hedge fails at once: the original still answers.
+    let (a, b) = (
+        Upstream::start("qwen-72b", "a").await,
+        Upstream::start("qwen-72b", "b").await,
+    );
+    a.fault(json!({"kind": "slow_first_token", "ms": 300}));
+    b.fault(json!({"kind": "status", "status": 500}));
+    let gw = hedging(&a, &b).await;
+    let ev = events(&gw.chat("qwen-72b", true).await.text().await.unwrap());
+    assert_eq!(content(&ev).split(' ').count(), 4, "{ev:?}");
+    assert_eq!(hedges(&gw.metrics().await, "original"), 1.0);
+}
+
+/// Hedging is for streams, after `hedge_after` only, and needs somewhere to go: a fast
+/// stream, a whole answer and a model with one endpoint are never hedged.
+#[tokio::test]
+async fn only_a_slow_stream_with_somewhere_else_to_go_is_hedged() {
+    let (a, b) = (
+        Upstream::start("qwen-72b", "a").await,
+        Upstream::start("qwen-72b", "b").await,
+    );
+    let gw = hedging(&a, &b).await;
+    for stream in [true, false] {
+        assert_eq!(gw.chat("qwen-72b", stream).await.status(), 200);
+    }
+    a.fault(json!({"kind": "slow_first_token", "ms": 300}));
+    assert_eq!(gw.chat("qwen-72b", false).await.status(), 200);
+    assert_eq!(
+        b.requests(),
+        0,
+        "neither a fast stream nor a whole answer is hedged"
+    );
+
+    let a = Upstream::start("qwen-72b", "a").await;
+    a.fault(json!({"kind": "slow_first_token", "ms": 300}));
+    let policy = POLICY.replace("first_token: 400ms", "first_token: 2s");
+    let yaml = format!(
+        "models:\n  qwen-72b:\n    hedge_after: 100ms\n    pools: [{{name: dc-a, endpoints: [{{url: '{{a}}'}}]}}]\n{policy}"
+    );
+    let gw = gateway(&yaml, &[("a", &a)]).await;
+    let r = gw.chat("qwen-72b", true).await;
+    assert_eq!(r.headers()["x-stanch-attempts"], "1");
+    assert_eq!(
+        content(&events(&r.text().await.unwrap()))
+            .split(' ')
+            .count(),
+        4
+    );
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        hedges(&metrics, "hedge") + hedges(&metrics, "original"),
+        0.0
+    );
+}

@@ -31,12 +31,26 @@ async fn the_openai_python_sdk_works_against_the_gateway() {
     );
     let gw = gateway(&open, &[("a", &a)]).await;
     let strict = gateway(&format!("{open}require_tenant: true\n"), &[("a", &a)]).await;
+    // Breaks every stream after two tokens; the second pool continues it.
+    let broken = Upstream::start("qwen-72b", "broken").await;
+    broken.fault(serde_json::json!({"kind": "break", "after_tokens": 2}));
+    let mut continues = stanch_mock::MockConfig::new("qwen-72b", "continues");
+    continues.prefill = stanch_mock::Prefill::Continue;
+    let continues = Upstream::with(continues).await;
+    let resuming = gateway(
+        &format!(
+            "models:\n  qwen-72b:\n    pools:\n      - {{name: dc-a, endpoints: [{{url: '{{a}}'}}]}}\n      - {{name: dc-b, prefill: vllm, endpoints: [{{url: '{{b}}'}}]}}\n{POLICY}"
+        ),
+        &[("a", &broken), ("b", &continues)],
+    )
+    .await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_sdk.py");
     let mut command = std::process::Command::new(python());
     command
         .arg(script)
         .env("GATEWAY", &gw.base)
         .env("STRICT", &strict.base)
+        .env("RESUMING", &resuming.base)
         .env("MOCK", &a.base);
     // On the blocking pool, so the gateway and the mock keep being served meanwhile.
     let out = tokio::task::spawn_blocking(move || command.output())

@@ -124,10 +124,15 @@ impl Setup {
         text: &str,
     ) -> reqwest::Response {
         let body = json!({"model": model, "stream": stream, "max_tokens": 4, "messages": [{"role": "user", "content": text}]});
+        self.chat_body(&body, key).await
+    }
+
+    /// Sends `body` to the chat API as the tenant with `key`.
+    pub async fn chat_body(&self, body: &Value, key: &str) -> reqwest::Response {
         self.http
             .post(format!("{}/v1/chat/completions", self.base))
             .bearer_auth(key)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .unwrap()

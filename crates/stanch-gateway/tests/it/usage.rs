@@ -20,14 +20,7 @@ async fn stream(gw: &Setup, include_usage: bool) -> Vec<Value> {
     if include_usage {
         body["stream_options"] = json!({"include_usage": true});
     }
-    let r = gw
-        .http
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .bearer_auth("acme-key")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = gw.chat_body(&body, "acme-key").await;
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");

@@ -2,7 +2,8 @@
 
 Run by crates/stanch-gateway/tests/it/sdk.rs, which starts a gateway in front of a
 stanch-mock and passes their addresses: GATEWAY (tenants optional), STRICT (tenant
-keys required) and MOCK (the mock, for injecting faults). Prints one line per check
+keys required), MOCK (the mock, for injecting faults) and RESUMING (a gateway whose
+first pool breaks every stream after two tokens, and whose second continues it). Prints one line per check
 and a closing "N passed, N failed"; exits non-zero if any failed.
 """
 
@@ -18,6 +19,7 @@ import openai
 GATEWAY = os.environ["GATEWAY"]
 STRICT = os.environ["STRICT"]
 MOCK = os.environ["MOCK"]
+RESUMING = os.environ["RESUMING"]
 
 
 def client(base=GATEWAY, key="acme-key", retries=0):
@@ -76,6 +78,21 @@ def test_streaming_without_usage():
     chunks = list(chat(client(), stream=True))
     assert chunks and all(c.usage is None for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_stream_broken_midway_reads_as_one_whole_stream():
+    def text(chunks):
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    usage = {"include_usage": True}
+    whole = list(chat(client(), stream=True, stream_options=usage))
+    # An error event would raise openai.APIError here.
+    resumed = list(chat(client(RESUMING), stream=True, stream_options=usage))
+    assert text(resumed) == text(whole), (text(resumed), text(whole))
+    assert len({c.id for c in resumed}) == 1, [c.id for c in resumed]
+    assert resumed[-2].choices[0].finish_reason == "stop", resumed[-2]
+    assert resumed[-1].usage.completion_tokens == whole[-1].usage.completion_tokens
+    assert resumed[-1].usage.prompt_tokens == whole[-1].usage.prompt_tokens
 
 
 def test_embeddings():

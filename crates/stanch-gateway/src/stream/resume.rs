@@ -1,0 +1,559 @@
+//! Resume: a stream that broke after its first token, continued elsewhere and spliced
+//! into the caller's stream as if nothing had happened, or not at all.
+//!
+//! While a stream may be continued, the [`Transcript`] keeps what the caller has: the
+//! stream's `id`, the text so far, and whether that text is all there is (one choice,
+//! no tool calls, no reasoning): only such an answer can be continued. A continuation
+//! is either
+//! - **prefilled**: the request again with the partial answer as a trailing assistant
+//!   message (or, for `/v1/completions`, appended to the prompt), sent only to a pool
+//!   that declares it takes one; the continuation's text follows the caller's as it
+//!   comes, or
+//! - **regenerated**: the request again as the caller sent it. Its text must begin with
+//!   exactly what the caller has: that much is swallowed, and only what follows is
+//!   spliced in; the first difference ends the stream with the error event, as if no
+//!   continuation had been tried.
+//!
+//! Either way the [`Splice`] rewrites the continuation's chunks into the caller's
+//! stream: the first stream's `id`, no second `role`, and, for a prefill, usage that
+//! counts the caller's partial answer as completion rather than prompt.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::Value;
+
+use crate::admit::Api;
+use crate::config::Prefill;
+
+/// What the caller has of a stream's answer.
+#[derive(Debug)]
+pub(crate) struct Transcript {
+    /// The stream's `id`, from its first chunk.
+    id: Option<String>,
+    /// The answer's text so far.
+    text: String,
+    /// Chunks with text so far: its tokens, as vLLM and OpenAI stream one per chunk.
+    tokens: u32,
+    /// The text is the whole answer so far, and within `limit`: it can be continued.
+    plain: bool,
+    /// The most text kept.
+    limit: usize,
+}
+
+/// A chunk, as far as a transcript reads it.
+#[derive(Deserialize)]
+struct ChunkView<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Vec<ChoiceView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceView<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(borrow, default)]
+    delta: Option<DeltaView<'a>>,
+    /// `/v1/completions` streams text here.
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaView<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<IgnoredAny>,
+    #[serde(default)]
+    function_call: Option<IgnoredAny>,
+    #[serde(default)]
+    reasoning_content: Option<IgnoredAny>,
+    #[serde(default)]
+    reasoning: Option<IgnoredAny>,
+}
+
+impl ChoiceView<'_> {
+    /// Its text, if it carries only text; `Err` when it carries what a continuation
+    /// cannot reproduce.
+    fn text(&self) -> Result<Option<&str>, ()> {
+        if self.index != 0 {
+            return Err(());
+        }
+        if let Some(d) = &self.delta {
+            if d.tool_calls.is_some()
+                || d.function_call.is_some()
+                || d.reasoning_content.is_some()
+                || d.reasoning.is_some()
+            {
+                return Err(());
+            }
+            if let Some(c) = &d.content {
+                return Ok(Some(c));
+            }
+        }
+        Ok(self.text.as_deref())
+    }
+}
+
+impl Transcript {
+    /// An empty transcript that keeps at most `limit` bytes of text.
+    pub(crate) fn new(limit: usize) -> Transcript {
+        Transcript {
+            id: None,
+            text: String::new(),
+            tokens: 0,
+            plain: true,
+            limit,
+        }
+    }
+
+    /// Whether the answer so far can be continued.
+    pub(crate) fn plain(&self) -> bool {
+        self.plain
+    }
+
+    /// The answer's text so far.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Its tokens so far (chunks with text).
+    pub(crate) fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    /// Notes a chunk the caller got (its JSON payload).
+    pub(crate) fn note(&mut self, payload: &str) {
+        if !self.plain {
+            return;
+        }
+        let Ok(chunk) = serde_json::from_str::<ChunkView<'_>>(payload) else {
+            return self.give_up();
+        };
+        if self.id.is_none() {
+            self.id = chunk.id.map(Cow::into_owned);
+        }
+        for choice in &chunk.choices {
+            match choice.text() {
+                Ok(Some(t)) => self.push(t),
+                Ok(None) => {}
+                Err(()) => return self.give_up(),
+            }
+        }
+    }
+
+    fn push(&mut self, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        if self.text.len() + t.len() > self.limit {
+            return self.give_up();
+        }
+        self.text.push_str(t);
+        self.tokens += 1;
+    }
+
+    /// The answer cannot be continued: its text is no longer kept.
+    fn give_up(&mut self) {
+        self.plain = false;
+        self.text = String::new();
+    }
+}
+
+/// How a continuation was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum How {
+    /// With the caller's partial answer as a prefill.
+    Prefill,
+    /// As the caller asked, to be matched against what the caller has.
+    Regenerate,
+}
+
+impl How {
+    /// Its label in `stanch_gateway_stream_resumes_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            How::Prefill => "prefill",
+            How::Regenerate => "regenerate",
+        }
+    }
+}
+
+/// The request to continue `text` (`tokens` of it) with a prefill of the given kind:
+/// the caller's `raw` request with the partial answer as a trailing assistant message
+/// (chat) or appended to its prompt (completions), the model renamed to `model` if
+/// given, and `max_tokens` less what was already generated. `None` when the request
+/// cannot take one (no prefill here, a prompt that is not one string, messages that
+/// are not a list).
+pub(crate) fn prefilled(
+    raw: &[u8],
+    api: Api,
+    prefill: Prefill,
+    text: &str,
+    tokens: u32,
+    model: Option<&str>,
+) -> Option<Bytes> {
+    if prefill == Prefill::None {
+        return None;
+    }
+    let Ok(Value::Object(mut body)) = serde_json::from_slice(raw) else {
+        return None;
+    };
+    match api {
+        Api::Chat => {
+            let messages = body.get_mut("messages")?.as_array_mut()?;
+            messages.push(serde_json::json!({"role": "assistant", "content": text}));
+            if prefill == Prefill::Vllm {
+                body.insert("continue_final_message".into(), Value::Bool(true));
+                body.insert("add_generation_prompt".into(), Value::Bool(false));
+            }
+        }
+        Api::Completions => {
+            let prompt = body.get_mut("prompt")?;
+            let Value::String(p) = prompt else {
+                return None;
+            };
+            p.push_str(text);
+        }
+        Api::Embeddings => return None,
+    }
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if let Some(Value::Number(n)) = body.get(key)
+            && let Some(n) = n.as_u64()
+        {
+            let left = n.saturating_sub(u64::from(tokens)).max(1);
+            body.insert(key.into(), Value::from(left));
+        }
+    }
+    if let Some(model) = model {
+        body.insert("model".into(), Value::String(model.to_owned()));
+    }
+    Some(Bytes::from(
+        serde_json::to_vec(&Value::Object(body)).expect("JSON serializes"),
+    ))
+}
+
+/// A continuation's chunks, made part of the caller's stream.
+#[derive(Debug)]
+pub(crate) struct Splice {
+    how: How,
+    /// The caller's stream's `id`.
+    id: Option<String>,
+    /// Regenerating: how much of the caller's text the continuation must reproduce
+    /// before anything of it is passed on, and how much it has.
+    have: usize,
+    matched: usize,
+    /// Prefilled: the caller's tokens, counted by the continuation as prompt.
+    prefilled_tokens: u64,
+    /// Something of the continuation has reached the caller.
+    pub(crate) spliced: bool,
+    /// ...and has been counted.
+    pub(crate) counted: bool,
+}
+
+/// What becomes of a continuation's chunk.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Spliced {
+    /// This, for the caller.
+    Pass(Bytes),
+    /// Nothing: it repeats what the caller has.
+    Skip,
+    /// The continuation is not the caller's answer.
+    Diverged,
+}
+
+impl Splice {
+    /// The splice of a continuation asked for `how`, after what `transcript` holds.
+    pub(crate) fn new(how: How, transcript: &Transcript) -> Splice {
+        Splice {
+            how,
+            id: transcript.id.clone(),
+            have: match how {
+                How::Prefill => 0,
+                How::Regenerate => transcript.text.len(),
+            },
+            matched: 0,
+            prefilled_tokens: match how {
+                How::Prefill => u64::from(transcript.tokens),
+                How::Regenerate => 0,
+            },
+            spliced: false,
+            counted: false,
+        }
+    }
+
+    /// How it was asked for.
+    pub(crate) fn how(&self) -> How {
+        self.how
+    }
+
+    /// Whether the continuation has reproduced the caller's text (a prefill has
+    /// nothing to reproduce).
+    pub(crate) fn caught_up(&self) -> bool {
+        self.matched == self.have
+    }
+
+    /// A chunk of the continuation (its JSON payload; `last` when it has a
+    /// `finish_reason`), for the caller whose answer so far `transcript` holds.
+    pub(crate) fn chunk(
+        &mut self,
+        payload: &str,
+        last: bool,
+        transcript: &mut Transcript,
+    ) -> Spliced {
+        let Ok(Value::Object(mut chunk)) = serde_json::from_str::<Value>(payload) else {
+            return Spliced::Diverged;
+        };
+        let Some(text) = chunk_text(payload) else {
+            return Spliced::Diverged;
+        };
+        let mut new = text.as_str();
+        if !self.caught_up() {
+            let rest = &transcript.text[self.matched..self.have];
+            if new.len() <= rest.len() {
+                if !rest.starts_with(new) {
+                    return Spliced::Diverged;
+                }
+                self.matched += new.len();
+                if !self.caught_up() {
+                    // A shorter answer than the caller's is not the caller's.
+                    return if last {
+                        Spliced::Diverged
+                    } else {
+                        Spliced::Skip
+                    };
+                }
+                new = "";
+                // Caught up exactly: only a chunk that ends the answer says more.
+                if !last && !chunk.contains_key("usage") {
+                    return Spliced::Skip;
+                }
+            } else {
+                let Some(after) = new.strip_prefix(rest) else {
+                    return Spliced::Diverged;
+                };
+                self.matched = self.have;
+                new = after;
+            }
+        }
+        let new = new.to_owned();
+        transcript.push(&new);
+        if let Some(id) = &self.id {
+            chunk.insert("id".into(), Value::String(id.clone()));
+        }
+        if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
+            for choice in choices {
+                set_text(choice, &new);
+            }
+        }
+        if self.prefilled_tokens > 0
+            && let Some(Value::Object(usage)) = chunk.get_mut("usage")
+        {
+            move_prefill(usage, self.prefilled_tokens);
+        }
+        self.spliced = true;
+        Spliced::Pass(Bytes::from(format!("data: {}\n\n", Value::Object(chunk))))
+    }
+}
+
+/// The text of a chunk's first choice (empty if it has none); `None` when it carries
+/// what a continuation cannot splice.
+fn chunk_text(payload: &str) -> Option<String> {
+    let view: ChunkView<'_> = serde_json::from_str(payload).ok()?;
+    let mut text = String::new();
+    for choice in &view.choices {
+        text.push_str(choice.text().ok()?.unwrap_or(""));
+    }
+    Some(text)
+}
+
+/// Puts `text` in a choice where its text goes, and drops the `role` the caller
+/// already had.
+fn set_text(choice: &mut Value, text: &str) {
+    if let Some(Value::Object(delta)) = choice.get_mut("delta") {
+        delta.remove("role");
+        if delta.contains_key("content") {
+            delta.insert("content".into(), Value::String(text.to_owned()));
+        }
+    } else if choice.get("text").is_some() {
+        choice["text"] = Value::String(text.to_owned());
+    }
+}
+
+/// Usage as if one upstream had generated the whole answer: the prefilled tokens,
+/// which the continuation counted as prompt, are counted as completion.
+fn move_prefill(usage: &mut serde_json::Map<String, Value>, tokens: u64) {
+    let get =
+        |usage: &serde_json::Map<String, Value>, k: &str| usage.get(k).and_then(Value::as_u64);
+    if let (Some(prompt), Some(completion)) =
+        (get(usage, "prompt_tokens"), get(usage, "completion_tokens"))
+    {
+        let moved = tokens.min(prompt);
+        usage.insert("prompt_tokens".into(), Value::from(prompt - moved));
+        usage.insert("completion_tokens".into(), Value::from(completion + moved));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(id: &str, content: &str, finish: Option<&str>) -> String {
+        serde_json::json!({"id": id, "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]})
+        .to_string()
+    }
+
+    fn transcript_of(parts: &[&str]) -> Transcript {
+        let mut t = Transcript::new(1 << 20);
+        t.note(
+            &serde_json::json!({"id": "first", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+                .to_string(),
+        );
+        for p in parts {
+            t.note(&chunk("first", p, None));
+        }
+        t
+    }
+
+    fn passed(s: Spliced) -> Value {
+        let Spliced::Pass(b) = s else { panic!("{s:?}") };
+        let text = std::str::from_utf8(&b).unwrap();
+        serde_json::from_str(text.strip_prefix("data: ").unwrap().trim_end()).unwrap()
+    }
+
+    #[test]
+    fn a_transcript_keeps_only_an_answer_that_can_be_continued() {
+        let t = transcript_of(&["Hello", " wor"]);
+        assert!(t.plain());
+        assert_eq!((t.text(), t.tokens()), ("Hello wor", 2));
+        assert_eq!(t.id.as_deref(), Some("first"));
+
+        let mut tools = transcript_of(&["Hi"]);
+        tools.note(r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}"#);
+        assert!(
+            !tools.plain(),
+            "a tool call cannot be regenerated into a prefix"
+        );
+        let mut two = transcript_of(&["Hi"]);
+        two.note(r#"{"choices":[{"index":1,"delta":{"content":"x"}}]}"#);
+        assert!(!two.plain(), "a second choice cannot be continued");
+        let mut nulls = transcript_of(&["Hi"]);
+        nulls.note(r#"{"choices":[{"index":0,"delta":{"content":"!","tool_calls":null,"reasoning_content":null}}]}"#);
+        assert!(nulls.plain(), "null fields are absent fields");
+        assert_eq!(nulls.text(), "Hi!");
+        let mut long = Transcript::new(4);
+        long.note(&chunk("x", "12345", None));
+        assert!(
+            !long.plain() && long.text().is_empty(),
+            "past the limit, nothing is kept"
+        );
+    }
+
+    #[test]
+    fn a_regenerated_answer_is_spliced_after_exactly_what_the_caller_has() {
+        let mut t = transcript_of(&["Hel", "lo w"]);
+        let mut s = Splice::new(How::Regenerate, &t);
+        let role = serde_json::json!({"id": "second", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}).to_string();
+        assert_eq!(s.chunk(&role, false, &mut t), Spliced::Skip);
+        assert_eq!(
+            s.chunk(&chunk("second", "Hello", None), false, &mut t),
+            Spliced::Skip
+        );
+        assert!(!s.caught_up());
+        // Split differently from the caller's chunks: the rest of this one is new.
+        let v = passed(s.chunk(&chunk("second", " world", None), false, &mut t));
+        assert_eq!(v["id"], "first", "one id for the whole stream");
+        assert_eq!(v["choices"][0]["delta"]["content"], "orld");
+        assert!(s.caught_up() && s.spliced);
+        let v = passed(s.chunk(&chunk("second", "!", Some("stop")), true, &mut t));
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(t.text(), "Hello world!");
+    }
+
+    #[test]
+    fn a_regenerated_answer_that_differs_is_not_spliced() {
+        for (parts, last) in [
+            (&["Hellp"][..], false),
+            (&["He", "y"][..], false),
+            (&["Hel"][..], true),
+        ] {
+            let mut t = transcript_of(&["Hello"]);
+            let mut s = Splice::new(How::Regenerate, &t);
+            let mut results = Vec::new();
+            for (i, p) in parts.iter().enumerate() {
+                let end = last && i + 1 == parts.len();
+                results.push(s.chunk(&chunk("x", p, end.then_some("stop")), end, &mut t));
+            }
+            assert_eq!(results.last(), Some(&Spliced::Diverged), "{parts:?}");
+            assert!(!s.spliced);
+            assert_eq!(t.text(), "Hello", "what the caller has is unchanged");
+        }
+        // The same answer, ending where the caller's did: only the end is passed on.
+        let mut t = transcript_of(&["Hello"]);
+        let mut s = Splice::new(How::Regenerate, &t);
+        let v = passed(s.chunk(&chunk("x", "Hello", Some("length")), true, &mut t));
+        assert_eq!(v["choices"][0]["delta"]["content"], "");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn a_prefilled_continuation_follows_the_caller_with_its_usage_moved() {
+        let mut t = transcript_of(&["Hello", " wor"]);
+        let mut s = Splice::new(How::Prefill, &t);
+        let first = serde_json::json!({"id": "second", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ld"}}], "usage": null}).to_string();
+        let v = passed(s.chunk(&first, false, &mut t));
+        assert_eq!(v["id"], "first");
+        assert!(
+            v["choices"][0]["delta"].get("role").is_none(),
+            "one role per stream"
+        );
+        assert_eq!(v["choices"][0]["delta"]["content"], "ld");
+        let usage = serde_json::json!({"id": "second", "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}}).to_string();
+        let v = passed(s.chunk(&usage, false, &mut t));
+        assert_eq!(v["usage"]["prompt_tokens"], 10);
+        assert_eq!(v["usage"]["completion_tokens"], 3);
+        assert_eq!(v["usage"]["total_tokens"], 13);
+        assert_eq!(t.text(), "Hello world");
+    }
+
+    #[test]
+    fn a_prefill_request_carries_the_partial_answer() {
+        let raw = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}"#;
+        let b = prefilled(raw, Api::Chat, Prefill::Vllm, "Hel", 2, Some("up")).unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(
+            v["messages"][1],
+            serde_json::json!({"role": "assistant", "content": "Hel"})
+        );
+        assert_eq!(v["continue_final_message"], true);
+        assert_eq!(v["add_generation_prompt"], false);
+        assert_eq!(v["max_tokens"], 8, "what was generated comes off the limit");
+        assert_eq!(v["model"], "up");
+        let b = prefilled(raw, Api::Chat, Prefill::Assistant, "Hel", 20, None).unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert!(v.get("continue_final_message").is_none());
+        assert_eq!(v["max_tokens"], 1);
+        assert_eq!(v["model"], "m");
+        let completion = br#"{"model":"m","prompt":"Once","stream":true}"#;
+        let b = prefilled(
+            completion,
+            Api::Completions,
+            Prefill::Assistant,
+            " upon",
+            1,
+            None,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["prompt"], "Once upon");
+        assert!(prefilled(raw, Api::Chat, Prefill::None, "x", 1, None).is_none());
+        let prompts = br#"{"model":"m","prompt":["a","b"]}"#;
+        assert!(prefilled(prompts, Api::Completions, Prefill::Assistant, "x", 1, None).is_none());
+    }
+}

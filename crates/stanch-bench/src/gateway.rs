@@ -169,10 +169,12 @@ pub(crate) fn spawn_mock(
     binary: &Path,
     model: &str,
     instance: &str,
+    extra: &[&str],
 ) -> anyhow::Result<(Proc, String)> {
     let addr = format!("127.0.0.1:{}", port()?);
     let child = Command::new(binary)
         .args(["--listen", &addr, "--model", model, "--instance", instance])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -508,7 +510,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let mut procs = Vec::new();
     let mut mocks = Vec::new();
     for i in 0..3 {
-        let (proc, addr) = spawn_mock(&args.mock, "qwen-72b", &format!("m{i}"))?;
+        let (proc, addr) = spawn_mock(&args.mock, "qwen-72b", &format!("m{i}"), &[])?;
         procs.push(proc);
         mocks.push(addr);
     }

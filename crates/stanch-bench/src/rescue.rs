@@ -6,8 +6,14 @@
 //! attempts it took and the time to answer. Every phase runs twice: as shipped, and with
 //! same-endpoint retries off (`retry.same_endpoint: 0`, `retry_after_max: 0s`), which
 //! is how the gateway behaved before them.
+//!
+//! Then streams: one in ten breaks after 4 tokens, continued by a fallback model that
+//! takes a prefill, by one that does not (its regenerated answer differs), by a second
+//! pool of the same model without prefill (regenerated, the same answer), or not at all
+//! (`retry.stream_resumes: 0`, as before); and one in ten has its first token 20 s late,
+//! with and without `hedge_after`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -34,6 +40,10 @@ pub struct RescueArgs {
     /// Seconds of the dead-pool phase.
     #[arg(long, default_value_t = 10)]
     dead_seconds: u64,
+    /// Streams in the slow-first-token phase (one in ten is slow; unhedged, each of
+    /// those takes the 15 s first-token timeout).
+    #[arg(long, default_value_t = 30)]
+    slow_requests: usize,
 }
 
 /// The two configurations compared.
@@ -117,12 +127,209 @@ async fn chat(http: &reqwest::Client, gateway: &str) -> anyhow::Result<Answer> {
     })
 }
 
+/// A streamed chat: complete (ending with `[DONE]`, no error event) and whole (16
+/// words) or not, and the models whose chunks made it.
+async fn stream(http: &reqwest::Client, gateway: &str) -> anyhow::Result<Answer> {
+    let sent = Instant::now();
+    let r = http
+        .post(format!("http://{gateway}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"qwen-72b","max_tokens":16,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello there"}]}"#)
+        .send()
+        .await?;
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    let took = sent.elapsed();
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .collect();
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str(e).ok())
+        .collect();
+    let errored = chunks.iter().any(|c| c.get("error").is_some());
+    let words: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let mut models: Vec<&str> = Vec::new();
+    for c in &chunks {
+        if let Some(m) = c["model"].as_str()
+            && models.last() != Some(&m)
+        {
+            models.push(m);
+        }
+    }
+    let complete = status == 200
+        && !errored
+        && events.last() == Some(&"[DONE]")
+        && words.split_whitespace().count() == 16;
+    let by = match (status, complete) {
+        (200, true) => models.join("+"),
+        (200, false) => "an error event".to_owned(),
+        _ => format!("status {status}"),
+    };
+    Ok(Answer {
+        ok: complete,
+        by,
+        attempts: 0,
+        took,
+    })
+}
+
+/// A gateway process for `config` (logging on, to a file in `dir`), answering.
+async fn start_gateway(binary: &Path, dir: &Path, config: &str) -> anyhow::Result<(Proc, String)> {
+    let gw_port = port()?;
+    let path = dir.join(format!("gateway-{gw_port}.yaml"));
+    std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.join(format!("gateway-{gw_port}.log")))?;
+    let proc = Proc(
+        Command::new(binary)
+            .arg("--config")
+            .arg(&path)
+            .args(["--listen", &format!("127.0.0.1:{gw_port}")])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot run {}", binary.display()))?,
+    );
+    let gateway = format!("127.0.0.1:{gw_port}");
+    ready(&gateway, "/v1/chat/completions").await?;
+    Ok((proc, gateway))
+}
+
+/// Sends `requests` streams, the fault set on `faulty` before one in ten; reports the
+/// faulted and the others, with the upstream requests each took (counted by the mocks).
+async fn stream_phase(
+    name: &str,
+    http: &reqwest::Client,
+    gateway: &str,
+    mocks: &[String],
+    faulty: &str,
+    fault: &str,
+    requests: usize,
+) -> anyhow::Result<()> {
+    let (mut others, mut faulted) = (Vec::new(), Vec::new());
+    for i in 0..requests {
+        let hit = i % 10 == 5;
+        if hit {
+            admin(faulty, "PUT", "/admin/fault", fault).await?;
+        }
+        let before: u64 = mock_requests(mocks).await?.iter().sum();
+        let mut a = stream(http, gateway).await?;
+        let after: u64 = mock_requests(mocks).await?.iter().sum();
+        a.attempts = after - before;
+        if hit {
+            faulted.push(a);
+        } else {
+            others.push(a);
+        }
+    }
+    report(&format!("{name}: the faulted"), &faulted);
+    report(&format!("{name}: the others"), &others);
+    Ok(())
+}
+
+/// The streaming phases: a stream broken midway, continued four ways; a slow first
+/// token, hedged and not.
+async fn stream_phases(
+    args: &RescueArgs,
+    dir: &Path,
+    http: &reqwest::Client,
+) -> anyhow::Result<()> {
+    let mut procs = Vec::new();
+    let mut mocks = Vec::new();
+    for (model, instance, prefill) in [
+        ("qwen-72b", "dc-a", "ignore"),
+        ("qwen-72b", "dc-b", "continue"),
+        ("qwen-14b", "small", "continue"),
+    ] {
+        let (proc, addr) = spawn_mock(&args.mock, model, instance, &["--prefill", prefill])?;
+        procs.push(proc);
+        mocks.push(addr);
+    }
+    for m in &mocks {
+        ready(m, "/v1/chat/completions").await?;
+    }
+    let (a, b, small) = (&mocks[0], &mocks[1], &mocks[2]);
+    let faq = "faq_sets:\n  default: {default_answer: 'We are busy; please try again shortly.'}\n";
+    let fallback = |prefill: &str, extra: &str| {
+        format!(
+            "models:
+  qwen-72b:
+    faq: default
+    fallbacks: [qwen-14b]
+    pools: [{{name: dc-a, endpoints: [{{url: 'http://{a}'}}]}}]
+  qwen-14b:
+    pools: [{{name: dc-a, prefill: {prefill}, endpoints: [{{url: 'http://{small}'}}]}}]
+{faq}{extra}"
+        )
+    };
+    let second_pool = |extra: &str| {
+        format!(
+            "models:
+  qwen-72b:
+    faq: default
+    {extra}
+    pools:
+      - {{name: dc-a, endpoints: [{{url: 'http://{a}'}}]}}
+      - {{name: dc-b, endpoints: [{{url: 'http://{b}'}}]}}
+{faq}"
+        )
+    };
+    println!(
+        "streams: qwen-72b (16 tokens, usage on); one in ten breaks after 4 tokens; defaults otherwise, logging on"
+    );
+    let cut = r#"{"kind": "break", "after_tokens": 4, "count": 1}"#;
+    for (name, config) in [
+        ("fallback qwen-14b, prefill: vllm", fallback("vllm", "")),
+        ("fallback qwen-14b, prefill: none", fallback("none", "")),
+        ("second qwen-72b pool, prefill: none", second_pool("")),
+        (
+            "stream_resumes: 0 (before)",
+            fallback("vllm", "retry: {stream_resumes: 0}\n"),
+        ),
+    ] {
+        let (gateway_proc, gateway) = start_gateway(&args.gateway, dir, &config).await?;
+        stream_phase(name, http, &gateway, &mocks, a, cut, args.requests).await?;
+        drop(gateway_proc);
+    }
+    println!(
+        "streams: qwen-72b in two pools; one in ten has its first token 20 s late (first_token timeout 15 s)"
+    );
+    let slow = r#"{"kind": "slow_first_token", "ms": 20000, "count": 1}"#;
+    for (name, extra) in [
+        ("hedge_after: 500ms", "hedge_after: 500ms"),
+        ("no hedging (before)", ""),
+    ] {
+        let (gateway_proc, gateway) =
+            start_gateway(&args.gateway, dir, &second_pool(extra)).await?;
+        stream_phase(name, http, &gateway, &mocks, a, slow, args.slow_requests).await?;
+        drop(gateway_proc);
+    }
+    admin(a, "PUT", "/admin/fault", r#"{"kind": "none"}"#).await?;
+    drop(procs);
+    Ok(())
+}
+
 pub async fn run(args: RescueArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    whole_phases(&args, dir.path(), &http).await?;
+    stream_phases(&args, dir.path(), &http).await
+}
+
+/// The phases of whole answers at a model's only endpoint.
+async fn whole_phases(args: &RescueArgs, dir: &Path, http: &reqwest::Client) -> anyhow::Result<()> {
     let mut procs = Vec::new();
     let mut mocks = Vec::new();
     for (model, instance) in [("qwen-72b", "dc-a"), ("qwen-14b", "small")] {
-        let (proc, addr) = spawn_mock(&args.mock, model, instance)?;
+        let (proc, addr) = spawn_mock(&args.mock, model, instance, &[])?;
         procs.push(proc);
         mocks.push(addr);
     }
@@ -130,10 +337,6 @@ pub async fn run(args: RescueArgs) -> anyhow::Result<()> {
         ready(m, "/v1/chat/completions").await?;
     }
     let (lone, small) = (&mocks[0], &mocks[1]);
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(30))
-        .build()?;
     println!(
         "stanch-bench rescue: qwen-72b from one pool of one endpoint, falling back to qwen-14b; the gateway's default retry and blocking settings, logging on"
     );
@@ -151,23 +354,7 @@ faq_sets:
   default: {{default_answer: 'We are busy; please try again shortly.'}}
 {extra}"
         );
-        let path = dir.path().join("gateway.yaml");
-        std::fs::write(&path, config)?;
-        let gw_port = port()?;
-        let log = std::fs::File::create(dir.path().join(format!("gateway-{gw_port}.log")))?;
-        let gateway_proc = Proc(
-            Command::new(&args.gateway)
-                .arg("--config")
-                .arg(&path)
-                .args(["--listen", &format!("127.0.0.1:{gw_port}")])
-                .env_remove("RUST_LOG")
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("cannot run {}", args.gateway.display()))?,
-        );
-        let gateway = format!("127.0.0.1:{gw_port}");
-        ready(&gateway, "/v1/chat/completions").await?;
+        let (gateway_proc, gateway) = start_gateway(&args.gateway, dir, &config).await?;
 
         for (phase, fault, requests) in [
             (
@@ -192,7 +379,7 @@ faq_sets:
                 if hit {
                     admin(lone, "PUT", "/admin/fault", fault).await?;
                 }
-                let a = chat(&http, &gateway).await?;
+                let a = chat(http, &gateway).await?;
                 if hit {
                     faulted.push(a);
                 } else {

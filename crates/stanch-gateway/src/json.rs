@@ -57,7 +57,7 @@ fn skip_ws(s: &[u8], mut i: usize) -> usize {
 
 /// The end of the string whose opening quote is before `i`.
 #[inline(always)]
-fn string_end(s: &[u8], mut i: usize) -> Option<usize> {
+pub(crate) fn string_end(s: &[u8], mut i: usize) -> Option<usize> {
     loop {
         i = next_special(s, i);
         match *s.get(i)? {

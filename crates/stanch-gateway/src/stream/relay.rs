@@ -76,7 +76,7 @@ impl Relay {
         let mut end = None;
         for event in events.drain(..) {
             match event {
-                Event::Chunk { raw, last } => {
+                Event::Chunk { raw, last, text } => {
                     self.started = true;
                     match (&mut self.splice, &mut self.transcript) {
                         (Some(splice), Some(transcript)) => {
@@ -94,7 +94,7 @@ impl Relay {
                         }
                         (_, transcript) => {
                             if let Some(t) = transcript {
-                                t.note(payload(&raw));
+                                t.note(&raw, text);
                             }
                             self.last |= last;
                             self.out.extend_from_slice(&raw);
@@ -129,10 +129,10 @@ impl Relay {
     fn splice(&mut self, how: How) {
         self.parser = Parser::default();
         self.started = false;
-        self.splice = self
-            .transcript
-            .as_ref()
-            .map(|transcript| Splice::new(how, transcript));
+        self.splice = self.transcript.as_ref().map(|t| {
+            let text = t.text().unwrap_or_default();
+            Splice::new(how, t.id(), &text, t.tokens())
+        });
     }
 }
 
@@ -293,13 +293,17 @@ impl Relayed {
     /// answer so far can be continued and the stream may be again. A continuation that
     /// broke before its first chunk spends no resume: the next target is sought.
     fn seek(&mut self, outcome: &Outcome) -> bool {
-        let plain = self
+        // The text so far, if it can be continued.
+        let Some((text, tokens)) = self
             .relay
             .transcript
             .as_ref()
-            .is_some_and(Transcript::plain);
+            .and_then(|t| Some((t.text()?, t.tokens())))
+        else {
+            return false;
+        };
         let unstarted = self.open.as_ref().is_some_and(|o| o.ttft.is_none());
-        if !plain || (self.resumes_left == 0 && !unstarted) {
+        if self.resumes_left == 0 && !unstarted {
             return false;
         }
         let Some(resume) = self.resume.take() else {
@@ -313,8 +317,6 @@ impl Relayed {
         }
         self.broke = Some(outcome.clone());
         self.waiting = None;
-        let transcript = self.relay.transcript.as_ref().expect("plain");
-        let (text, tokens) = (transcript.text().to_owned(), transcript.tokens());
         self.seeking = Some(Box::pin(crate::attempt::continuation(
             *resume, text, tokens,
         )));

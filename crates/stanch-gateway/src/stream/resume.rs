@@ -25,16 +25,19 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
+use super::sse::Text;
 use crate::admit::Api;
 use crate::config::Prefill;
 
 /// What the caller has of a stream's answer.
 #[derive(Debug)]
 pub(crate) struct Transcript {
-    /// The stream's `id`, from its first chunk.
+    /// The stream's `id`, from its first chunk, as its JSON string's body.
     id: Option<String>,
-    /// The answer's text so far.
-    text: String,
+    /// The answer's text so far, as the bodies of the JSON strings that carried it,
+    /// escapes not decoded (each a whole string's, so together they decode as one):
+    /// kept as it comes, and decoded only if the stream breaks.
+    escaped: String,
     /// Chunks with text so far: its tokens, as vLLM and OpenAI stream one per chunk.
     tokens: u32,
     /// The text is the whole answer so far, and within `limit`: it can be continued.
@@ -43,11 +46,9 @@ pub(crate) struct Transcript {
     limit: usize,
 }
 
-/// A chunk, as far as a transcript reads it.
+/// A chunk, as a continuation's splice reads it.
 #[derive(Deserialize)]
 struct ChunkView<'a> {
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     choices: Vec<ChoiceView<'a>>,
 }
@@ -100,26 +101,31 @@ impl ChoiceView<'_> {
     }
 }
 
+/// The string a JSON string's body (between its quotes, escapes not decoded) stands for.
+fn decode(escaped: &str) -> Option<String> {
+    serde_json::from_str(&format!("\"{escaped}\"")).ok()
+}
+
 impl Transcript {
     /// An empty transcript that keeps at most `limit` bytes of text.
     pub(crate) fn new(limit: usize) -> Transcript {
         Transcript {
             id: None,
-            text: String::new(),
+            escaped: String::new(),
             tokens: 0,
             plain: true,
             limit,
         }
     }
 
-    /// Whether the answer so far can be continued.
-    pub(crate) fn plain(&self) -> bool {
-        self.plain
+    /// The answer's text so far; `None` when it cannot be continued.
+    pub(crate) fn text(&self) -> Option<String> {
+        self.plain.then(|| decode(&self.escaped)).flatten()
     }
 
-    /// The answer's text so far.
-    pub(crate) fn text(&self) -> &str {
-        &self.text
+    /// The stream's `id`.
+    pub(crate) fn id(&self) -> Option<String> {
+        self.id.as_deref().and_then(decode)
     }
 
     /// Its tokens so far (chunks with text).
@@ -127,41 +133,47 @@ impl Transcript {
         self.tokens
     }
 
-    /// Notes a chunk the caller got (its JSON payload).
-    pub(crate) fn note(&mut self, payload: &str) {
+    /// Notes a chunk the caller got: the event `raw`, and what its check found of its
+    /// text.
+    pub(crate) fn note(&mut self, raw: &[u8], text: Text) {
         if !self.plain {
             return;
         }
-        let Ok(chunk) = serde_json::from_str::<ChunkView<'_>>(payload) else {
+        if !text.plain {
             return self.give_up();
+        }
+        let piece = |(a, b): (u32, u32)| {
+            std::str::from_utf8(&raw[a as usize..b as usize]).expect("a chunk is UTF-8")
         };
         if self.id.is_none() {
-            self.id = chunk.id.map(Cow::into_owned);
+            self.id = text.id.map(|id| piece(id).to_owned());
         }
-        for choice in &chunk.choices {
-            match choice.text() {
-                Ok(Some(t)) => self.push(t),
-                Ok(None) => {}
-                Err(()) => return self.give_up(),
-            }
+        if let Some(at) = text.at {
+            self.push_escaped(piece(at));
         }
     }
 
+    /// Adds text (decoded) that reached the caller another way: a continuation's.
     fn push(&mut self, t: &str) {
-        if t.is_empty() {
+        let quoted = serde_json::to_string(t).expect("a string serializes");
+        self.push_escaped(&quoted[1..quoted.len() - 1]);
+    }
+
+    fn push_escaped(&mut self, piece: &str) {
+        if piece.is_empty() {
             return;
         }
-        if self.text.len() + t.len() > self.limit {
+        if self.escaped.len() + piece.len() > self.limit {
             return self.give_up();
         }
-        self.text.push_str(t);
+        self.escaped.push_str(piece);
         self.tokens += 1;
     }
 
     /// The answer cannot be continued: its text is no longer kept.
     fn give_up(&mut self) {
         self.plain = false;
-        self.text = String::new();
+        self.escaped = String::new();
     }
 }
 
@@ -244,9 +256,9 @@ pub(crate) struct Splice {
     how: How,
     /// The caller's stream's `id`.
     id: Option<String>,
-    /// Regenerating: how much of the caller's text the continuation must reproduce
-    /// before anything of it is passed on, and how much it has.
-    have: usize,
+    /// Regenerating: the caller's text, which the continuation must reproduce before
+    /// anything of it is passed on, and how much of it it has.
+    have: String,
     matched: usize,
     /// Prefilled: the caller's tokens, counted by the continuation as prompt.
     prefilled_tokens: u64,
@@ -268,18 +280,19 @@ pub(crate) enum Spliced {
 }
 
 impl Splice {
-    /// The splice of a continuation asked for `how`, after what `transcript` holds.
-    pub(crate) fn new(how: How, transcript: &Transcript) -> Splice {
+    /// The splice of a continuation asked for `how`, after `text` (`tokens` of it),
+    /// which the caller has as the stream `id`.
+    pub(crate) fn new(how: How, id: Option<String>, text: &str, tokens: u32) -> Splice {
         Splice {
             how,
-            id: transcript.id.clone(),
+            id,
             have: match how {
-                How::Prefill => 0,
-                How::Regenerate => transcript.text.len(),
+                How::Prefill => String::new(),
+                How::Regenerate => text.to_owned(),
             },
             matched: 0,
             prefilled_tokens: match how {
-                How::Prefill => u64::from(transcript.tokens),
+                How::Prefill => u64::from(tokens),
                 How::Regenerate => 0,
             },
             spliced: false,
@@ -295,7 +308,7 @@ impl Splice {
     /// Whether the continuation has reproduced the caller's text (a prefill has
     /// nothing to reproduce).
     pub(crate) fn caught_up(&self) -> bool {
-        self.matched == self.have
+        self.matched == self.have.len()
     }
 
     /// A chunk of the continuation (its JSON payload; `last` when it has a
@@ -314,7 +327,7 @@ impl Splice {
         };
         let mut new = text.as_str();
         if !self.caught_up() {
-            let rest = &transcript.text[self.matched..self.have];
+            let rest = &self.have[self.matched..];
             if new.len() <= rest.len() {
                 if !rest.starts_with(new) {
                     return Spliced::Diverged;
@@ -337,7 +350,7 @@ impl Splice {
                 let Some(after) = new.strip_prefix(rest) else {
                     return Spliced::Diverged;
                 };
-                self.matched = self.have;
+                self.matched = self.have.len();
                 new = after;
             }
         }
@@ -409,16 +422,33 @@ mod tests {
         .to_string()
     }
 
+    /// Notes `payload` as the caller got it: through the stream's parser.
+    fn note(t: &mut Transcript, payload: &str) {
+        let mut events = Vec::new();
+        super::super::sse::Parser::default()
+            .push(Bytes::from(format!("data: {payload}\n\n")), &mut events);
+        for e in events {
+            if let super::super::sse::Event::Chunk { raw, text, .. } = e {
+                t.note(&raw, text);
+            }
+        }
+    }
+
     fn transcript_of(parts: &[&str]) -> Transcript {
         let mut t = Transcript::new(1 << 20);
-        t.note(
+        note(
+            &mut t,
             &serde_json::json!({"id": "first", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
                 .to_string(),
         );
         for p in parts {
-            t.note(&chunk("first", p, None));
+            note(&mut t, &chunk("first", p, None));
         }
         t
+    }
+
+    fn splice(how: How, t: &Transcript) -> Splice {
+        Splice::new(how, t.id(), &t.text().unwrap(), t.tokens())
     }
 
     fn passed(s: Spliced) -> Value {
@@ -430,27 +460,49 @@ mod tests {
     #[test]
     fn a_transcript_keeps_only_an_answer_that_can_be_continued() {
         let t = transcript_of(&["Hello", " wor"]);
-        assert!(t.plain());
-        assert_eq!((t.text(), t.tokens()), ("Hello wor", 2));
-        assert_eq!(t.id.as_deref(), Some("first"));
+        assert!(t.plain);
+        assert_eq!((t.text().as_deref(), t.tokens()), (Some("Hello wor"), 2));
+        assert_eq!(t.id().as_deref(), Some("first"));
+        // Kept as sent, decoded as one: quotes, line ends, escaped and raw non-ASCII.
+        let mut escaped = transcript_of(&["say \"hi\"\n", "caf\u{e9} "]);
+        note(
+            &mut escaped,
+            r#"{"choices":[{"index":0,"delta":{"content":"\u00e9\ud83d\ude00\t"}}]}"#,
+        );
+        assert_eq!(escaped.text().as_deref(), Some("say \"hi\"\ncafé é😀\t"));
+        let mut completion = Transcript::new(1 << 20);
+        note(
+            &mut completion,
+            r#"{"id":"cmpl-1","choices":[{"index":0,"text":"Once","logprobs":{"content":[{"token":"x"}]}}]}"#,
+        );
+        assert_eq!(completion.text().as_deref(), Some("Once"));
 
         let mut tools = transcript_of(&["Hi"]);
-        tools.note(r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}"#);
+        note(
+            &mut tools,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}"#,
+        );
         assert!(
-            !tools.plain(),
+            !tools.plain,
             "a tool call cannot be regenerated into a prefix"
         );
         let mut two = transcript_of(&["Hi"]);
-        two.note(r#"{"choices":[{"index":1,"delta":{"content":"x"}}]}"#);
-        assert!(!two.plain(), "a second choice cannot be continued");
+        note(
+            &mut two,
+            r#"{"choices":[{"index":1,"delta":{"content":"x"}}]}"#,
+        );
+        assert!(!two.plain, "a second choice cannot be continued");
         let mut nulls = transcript_of(&["Hi"]);
-        nulls.note(r#"{"choices":[{"index":0,"delta":{"content":"!","tool_calls":null,"reasoning_content":null}}]}"#);
-        assert!(nulls.plain(), "null fields are absent fields");
-        assert_eq!(nulls.text(), "Hi!");
+        note(
+            &mut nulls,
+            r#"{"choices":[{"index":0,"delta":{"content":"!","tool_calls":null,"reasoning_content":null}}]}"#,
+        );
+        assert!(nulls.plain, "null fields are absent fields");
+        assert_eq!(nulls.text().as_deref(), Some("Hi!"));
         let mut long = Transcript::new(4);
-        long.note(&chunk("x", "12345", None));
+        note(&mut long, &chunk("x", "12345", None));
         assert!(
-            !long.plain() && long.text().is_empty(),
+            !long.plain && long.text().is_none(),
             "past the limit, nothing is kept"
         );
     }
@@ -458,7 +510,7 @@ mod tests {
     #[test]
     fn a_regenerated_answer_is_spliced_after_exactly_what_the_caller_has() {
         let mut t = transcript_of(&["Hel", "lo w"]);
-        let mut s = Splice::new(How::Regenerate, &t);
+        let mut s = splice(How::Regenerate, &t);
         let role = serde_json::json!({"id": "second", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}).to_string();
         assert_eq!(s.chunk(&role, false, &mut t), Spliced::Skip);
         assert_eq!(
@@ -473,7 +525,7 @@ mod tests {
         assert!(s.caught_up() && s.spliced);
         let v = passed(s.chunk(&chunk("second", "!", Some("stop")), true, &mut t));
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
-        assert_eq!(t.text(), "Hello world!");
+        assert_eq!(t.text().as_deref(), Some("Hello world!"));
     }
 
     #[test]
@@ -484,7 +536,7 @@ mod tests {
             (&["Hel"][..], true),
         ] {
             let mut t = transcript_of(&["Hello"]);
-            let mut s = Splice::new(How::Regenerate, &t);
+            let mut s = splice(How::Regenerate, &t);
             let mut results = Vec::new();
             for (i, p) in parts.iter().enumerate() {
                 let end = last && i + 1 == parts.len();
@@ -492,11 +544,15 @@ mod tests {
             }
             assert_eq!(results.last(), Some(&Spliced::Diverged), "{parts:?}");
             assert!(!s.spliced);
-            assert_eq!(t.text(), "Hello", "what the caller has is unchanged");
+            assert_eq!(
+                t.text().as_deref(),
+                Some("Hello"),
+                "what the caller has is unchanged"
+            );
         }
         // The same answer, ending where the caller's did: only the end is passed on.
         let mut t = transcript_of(&["Hello"]);
-        let mut s = Splice::new(How::Regenerate, &t);
+        let mut s = splice(How::Regenerate, &t);
         let v = passed(s.chunk(&chunk("x", "Hello", Some("length")), true, &mut t));
         assert_eq!(v["choices"][0]["delta"]["content"], "");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
@@ -505,7 +561,7 @@ mod tests {
     #[test]
     fn a_prefilled_continuation_follows_the_caller_with_its_usage_moved() {
         let mut t = transcript_of(&["Hello", " wor"]);
-        let mut s = Splice::new(How::Prefill, &t);
+        let mut s = splice(How::Prefill, &t);
         let first = serde_json::json!({"id": "second", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ld"}}], "usage": null}).to_string();
         let v = passed(s.chunk(&first, false, &mut t));
         assert_eq!(v["id"], "first");
@@ -519,7 +575,7 @@ mod tests {
         assert_eq!(v["usage"]["prompt_tokens"], 10);
         assert_eq!(v["usage"]["completion_tokens"], 3);
         assert_eq!(v["usage"]["total_tokens"], 13);
-        assert_eq!(t.text(), "Hello world");
+        assert_eq!(t.text().as_deref(), Some("Hello world"));
     }
 
     #[test]

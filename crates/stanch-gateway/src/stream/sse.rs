@@ -16,6 +16,8 @@ pub(crate) enum Event {
         raw: Bytes,
         /// It carries a `finish_reason`.
         last: bool,
+        /// What it says of the answer's text.
+        text: Text,
     },
     /// `data: [DONE]`.
     Done,
@@ -25,6 +27,30 @@ pub(crate) enum Event {
     Malformed,
     /// A comment or an event without data (heartbeats): passed on.
     Other(Bytes),
+}
+
+/// What a chunk says of the answer's text, for a stream that may have to be continued
+/// elsewhere (`super::resume`): found in the pass that checks the chunk, so that keeping
+/// a transcript costs a copy of the text and nothing more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Text {
+    /// Its first choice's text (`delta.content`, or `text` for completions) as a JSON
+    /// string's body, escapes not decoded: a range of the event's bytes.
+    pub(crate) at: Option<(u32, u32)>,
+    /// The stream's `id`, likewise.
+    pub(crate) id: Option<(u32, u32)>,
+    /// Nothing but the first choice's text: no other choice, no tool or function
+    /// call, no reasoning.
+    pub(crate) plain: bool,
+}
+
+impl Text {
+    /// A chunk without text.
+    pub(crate) const NONE: Text = Text {
+        at: None,
+        id: None,
+        plain: true,
+    };
 }
 
 /// The largest event kept whole; a larger one is not a chunk of an answer, and holding
@@ -119,6 +145,14 @@ struct Scan {
     finished: bool,
     /// An `error` key at the top level: the chunk may be an error object.
     error: bool,
+    /// The text, as ranges of the payload.
+    text: Text,
+}
+
+impl Default for Text {
+    fn default() -> Text {
+        Text::NONE
+    }
 }
 
 /// Checks that `json` is one well-formed JSON value and reads what a [`Scan`] notes,
@@ -129,9 +163,37 @@ struct Scan {
 fn scan(json: &str) -> Option<Scan> {
     let s = json.as_bytes();
     let mut out = Scan::default();
-    let well_formed = crate::json::walk(s, |depth, name, value| match name {
-        b"finish_reason" if !s[value..].starts_with(b"null") => out.finished = true,
-        b"error" if depth == 1 => out.error = true,
+    // The body of the string value at `value`, if it is one.
+    let string = |value: usize| {
+        (s.get(value) == Some(&b'"'))
+            .then(|| crate::json::string_end(s, value + 1))
+            .flatten()
+            .map(|end| (value as u32 + 1, end as u32 - 1))
+    };
+    let null = |value: usize| s[value..].starts_with(b"null");
+    // Depths count arrays too: the chunk's keys are at 1, a choice's at 3, its
+    // delta's at 4.
+    let well_formed = crate::json::walk(s, |depth, name, value| match (depth, name) {
+        (_, b"finish_reason") if !null(value) => out.finished = true,
+        (1, b"error") => out.error = true,
+        (1, b"id") => out.text.id = string(value),
+        (3, b"index")
+            if s[value] != b'0'
+                || matches!(s.get(value + 1), Some(b'0'..=b'9' | b'.' | b'e' | b'E')) =>
+        {
+            out.text.plain = false;
+        }
+        (3, b"text") | (4, b"content") => {
+            if let Some(at) = string(value) {
+                out.text.plain &= out.text.at.is_none();
+                out.text.at = Some(at);
+            }
+        }
+        (4, b"tool_calls" | b"function_call" | b"reasoning_content" | b"reasoning")
+            if !null(value) =>
+        {
+            out.text.plain = false;
+        }
         _ => {}
     });
     well_formed.then_some(out)
@@ -202,9 +264,16 @@ fn classify_payload(payload: &str, raw: impl FnOnce() -> Bytes) -> Event {
                 .to_owned(),
         );
     }
+    // The event is `data: <payload>\n\n`: ranges of the payload move by its prefix.
+    let shift = |r: Option<(u32, u32)>| r.map(|(a, b)| (a + 6, b + 6));
     Event::Chunk {
         raw: raw(),
         last: scan.finished,
+        text: Text {
+            at: shift(scan.text.at),
+            id: shift(scan.text.id),
+            plain: scan.text.plain,
+        },
     }
 }
 
@@ -257,7 +326,8 @@ mod tests {
             [
                 Event::Chunk {
                     raw: Bytes::from_static(b"data: {\"c\":3}\n\n"),
-                    last: false
+                    last: false,
+                    text: Text::NONE,
                 },
                 Event::Done
             ]
@@ -274,7 +344,12 @@ mod tests {
             ev[0],
             Event::Chunk {
                 raw: Bytes::from_static(sent),
-                last: false
+                last: false,
+                text: Text {
+                    at: Some((39, 40)),
+                    id: None,
+                    plain: true
+                },
             }
         );
         let ev = push(
@@ -285,7 +360,8 @@ mod tests {
             ev[0],
             Event::Chunk {
                 raw: Bytes::from_static(b"data: {\"choices\":[]}\n\n"),
-                last: false
+                last: false,
+                text: Text::NONE,
             },
             "no space after the colon, CRLF: normalized"
         );
@@ -293,7 +369,8 @@ mod tests {
             ev[1],
             Event::Chunk {
                 raw: Bytes::from_static(b"data: {\"a\":\n1}\n\n"),
-                last: false
+                last: false,
+                text: Text::NONE,
             },
             "a payload over two data lines is one chunk"
         );
@@ -343,18 +420,65 @@ mod tests {
     }
 
     /// The keys a [`Scan`] looks for, among others.
-    const KEYS: [&str; 7] = [
+    const KEYS: [&str; 12] = [
         "finish_reason",
         "error",
         "choices",
         "delta",
+        "content",
+        "text",
+        "id",
+        "index",
+        "tool_calls",
         "",
         "a\"b",
         "é",
     ];
 
+    /// What a scan says, its ranges decoded.
+    #[derive(Debug, PartialEq)]
+    struct Seen {
+        finished: bool,
+        error: bool,
+        text: Option<String>,
+        id: Option<String>,
+        plain: bool,
+    }
+
+    fn scanned(json: &str) -> Option<Seen> {
+        let decode = |r: Option<(u32, u32)>| {
+            r.map(|(a, b)| {
+                serde_json::from_str::<String>(&format!("\"{}\"", &json[a as usize..b as usize]))
+                    .unwrap()
+            })
+        };
+        scan(json).map(|s| Seen {
+            finished: s.finished,
+            error: s.error,
+            text: decode(s.text.at),
+            id: decode(s.text.id),
+            plain: s.text.plain,
+        })
+    }
+
+    /// The keys of every object in a tree.
+    fn keys(v: &Value) -> usize {
+        match v {
+            Value::Object(m) => m.len() + m.values().map(keys).sum::<usize>(),
+            Value::Array(a) => a.iter().map(keys).sum(),
+            _ => 0,
+        }
+    }
+
+    /// The keys a walk of `json` meets.
+    fn walked_keys(json: &str) -> usize {
+        let mut n = 0;
+        crate::json::walk(json.as_bytes(), |_, _, _| n += 1);
+        n
+    }
+
     /// What the scanner should report of a well-formed value, read from its tree.
-    fn expected(v: &Value) -> Scan {
+    fn expected(v: &Value) -> Seen {
         fn finished(v: &Value) -> bool {
             match v {
                 Value::Object(m) => m
@@ -364,10 +488,109 @@ mod tests {
                 _ => false,
             }
         }
-        Scan {
+        /// The text, id and plainness, by the depth of each key's object (arrays
+        /// count: a choice's keys are at 3, its delta's at 4).
+        fn text(v: &Value, depth: usize, out: &mut Seen) {
+            match v {
+                Value::Object(m) => {
+                    for (k, x) in m {
+                        match (depth, k.as_str(), x) {
+                            (1, "id", Value::String(id)) => out.id = Some(id.clone()),
+                            (1, "id", _) => out.id = None,
+                            (3, "index", x) if !(x.is_u64() && x.as_u64() == Some(0)) => {
+                                out.plain = false
+                            }
+                            (3, "text", Value::String(t)) | (4, "content", Value::String(t)) => {
+                                out.plain &= out.text.is_none();
+                                out.text = Some(t.clone());
+                            }
+                            (
+                                4,
+                                "tool_calls" | "function_call" | "reasoning_content" | "reasoning",
+                                x,
+                            ) if !x.is_null() => out.plain = false,
+                            _ => {}
+                        }
+                        text(x, depth + 1, out);
+                    }
+                }
+                Value::Array(a) => a.iter().for_each(|x| text(x, depth + 1, out)),
+                _ => {}
+            }
+        }
+        let mut out = Seen {
             finished: finished(v),
             error: v.as_object().is_some_and(|m| m.contains_key("error")),
+            text: None,
+            id: None,
+            plain: true,
+        };
+        text(v, 1, &mut out);
+        out
+    }
+
+    /// Chunks as upstreams send them, with every field the text depends on present or
+    /// not, null or not, and noise beside them: the scan reads the text, the id and
+    /// whether it is plain as a tree of the chunk says.
+    #[test]
+    fn the_scan_reads_a_chunks_text_as_its_tree_says() {
+        use crate::json::tests::TEXT;
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut plain_text = 0;
+        for round in 0..4000 {
+            let mut pick = |n: usize| rng.below(n);
+            let text = |i: usize| Value::String(TEXT[i % TEXT.len()].to_owned());
+            let mut delta = serde_json::Map::new();
+            match pick(4) {
+                0 => {}
+                1 => drop(delta.insert("content".into(), Value::Null)),
+                _ => drop(delta.insert("content".into(), text(pick(10)))),
+            }
+            if pick(3) == 0 {
+                delta.insert("role".into(), "assistant".into());
+            }
+            for key in ["tool_calls", "reasoning_content"] {
+                match pick(6) {
+                    0 => drop(delta.insert(key.into(), Value::Null)),
+                    1 => drop(delta.insert(key.into(), serde_json::json!([{"index": 0}]))),
+                    _ => {}
+                }
+            }
+            let mut choice = serde_json::Map::new();
+            choice.insert("index".into(), [0, 0, 0, 1][pick(4)].into());
+            if pick(5) == 0 {
+                choice.insert("text".into(), text(pick(10)));
+            } else {
+                choice.insert("delta".into(), Value::Object(delta));
+            }
+            if pick(3) == 0 {
+                choice.insert(
+                    "logprobs".into(),
+                    serde_json::json!({"content": [{"token": "x"}]}),
+                );
+            }
+            choice.insert(
+                "finish_reason".into(),
+                [Value::Null, "stop".into()][pick(2)].clone(),
+            );
+            let mut chunk =
+                serde_json::json!({"object": "chat.completion.chunk", "choices": [choice]});
+            if pick(4) != 0 {
+                chunk["id"] = text(pick(10));
+            }
+            if pick(4) == 0 {
+                chunk["usage"] = serde_json::json!({"prompt_tokens": 3, "completion_tokens": 0});
+            }
+            let json = if round % 2 == 0 {
+                serde_json::to_string(&chunk).unwrap()
+            } else {
+                serde_json::to_string_pretty(&chunk).unwrap()
+            };
+            let seen = scanned(&json).unwrap();
+            assert_eq!(seen, expected(&chunk), "{json}");
+            plain_text += usize::from(seen.plain && seen.text.is_some());
         }
+        assert!(plain_text > 1000, "{plain_text} plain texts");
     }
 
     #[test]
@@ -381,16 +604,19 @@ mod tests {
             } else {
                 serde_json::to_string_pretty(&v).unwrap()
             };
-            assert_eq!(scan(&text), Some(expected(&v)), "{text}");
+            assert_eq!(scanned(&text), Some(expected(&v)), "{text}");
             valid += 1;
             for _ in 0..12 {
                 let mutant = mutate(&mut rng, &text);
                 let serde = serde_json::from_str::<serde::de::IgnoredAny>(&mutant).is_ok();
                 assert_eq!(scan(&mutant).is_some(), serde, "{mutant:?}");
                 if serde {
-                    // A tree of it, unless a number is beyond f64 (valid JSON all the same).
-                    if let Ok(tree) = serde_json::from_str::<Value>(&mutant) {
-                        assert_eq!(scan(&mutant), Some(expected(&tree)), "{mutant:?}");
+                    // A tree of it, unless a number is beyond f64 (valid JSON all the
+                    // same), or a key is repeated (a tree keeps one of them).
+                    if let Ok(tree) = serde_json::from_str::<Value>(&mutant)
+                        && keys(&tree) == walked_keys(&mutant)
+                    {
+                        assert_eq!(scanned(&mutant), Some(expected(&tree)), "{mutant:?}");
                     }
                     valid += 1;
                 } else {

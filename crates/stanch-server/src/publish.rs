@@ -23,8 +23,9 @@ pub struct Snapshot {
     /// `table` as one SSE event (`event`, `id`, `data`), rendered once and shared by
     /// every stream.
     pub sse_event: Bytes,
-    /// `table` for the gRPC watch, converted once for every stream.
-    pub grpc: stanch_api::proto::v1::RouteTable,
+    /// `table` as the gRPC watch's message (a `WatchResponse` with it), encoded once
+    /// and shared by every stream.
+    pub grpc: Bytes,
     /// `"<epoch>-<version>"`, quoted, for `ETag`.
     pub etag: String,
     /// Response headers of every route answer, built once: `ETag`, epoch, version.
@@ -69,7 +70,7 @@ impl Snapshot {
             ),
         ];
         Snapshot {
-            grpc: (&table).into(),
+            grpc: grpc_message(&table),
             headers,
             table,
             json,
@@ -82,6 +83,15 @@ impl Snapshot {
             alerts,
         }
     }
+}
+
+/// `table` as the gRPC watch sends it.
+fn grpc_message(table: &RouteTable) -> Bytes {
+    use stanch_api::proto::v1::{WatchResponse, watch_response};
+    let message = WatchResponse {
+        kind: Some(watch_response::Kind::Table(table.into())),
+    };
+    Bytes::from(prost::Message::encode_to_vec(&message))
 }
 
 /// The single place the engine task publishes to.

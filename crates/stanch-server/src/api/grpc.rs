@@ -7,12 +7,21 @@
 //! session writes into a channel of one message, and a gateway that leaves it full for
 //! `watch.slow_client_timeout` is cut off, its connection closed: nothing queues
 //! behind a slow reader, and the publisher never waits for any.
+//!
+//! The watch is served by hand rather than by the generated `RouteWatchServer`, for
+//! its codec ([`WatchCodec`]): a table goes out as the bytes its snapshot encoded once
+//! (`Snapshot::grpc`), so a version costs one encoding however many gateways watch,
+//! and a stream's buffers start small.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use stanch_api::proto::v1::route_watch_server::{RouteWatch, RouteWatchServer};
+use bytes::{BufMut, Bytes};
 use stanch_api::proto::v1::{self, watch_request, watch_response};
 use stanch_api::status::WatchTransport;
 use tokio::sync::mpsc;
@@ -34,6 +43,11 @@ const MAX_RESPONSE_BYTES: usize = 32 << 20;
 /// The versions a session remembers sending, for checking Acks: a gateway
 /// acknowledges each soon after it arrives, so the last few are enough.
 const SENT_KEPT: usize = 16;
+/// What a stream's encode and decode buffers start with (tonic's default: 8 KiB
+/// each). They grow for a larger message; a watch's messages are a few a minute.
+const BUFFER_BYTES: usize = 1 << 10;
+/// The method.
+const WATCH_ROUTES: &str = "/stanch.v1.RouteWatch/WatchRoutes";
 
 /// The gRPC services as one router, for the API router to merge.
 pub(super) fn router(state: AppState) -> axum::Router {
@@ -50,9 +64,7 @@ pub(super) fn router(state: AppState) -> axum::Router {
         v1 = v1.register_encoded_file_descriptor_set(set);
         v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
     }
-    let watch = RouteWatchServer::new(Watch { state })
-        .max_decoding_message_size(MAX_REQUEST_BYTES)
-        .max_encoding_message_size(MAX_RESPONSE_BYTES);
+    let watch = WatchService(Arc::new(Watch { state }));
     let built = "the descriptors compiled at build time";
     let router = mount(axum::Router::new(), watch);
     let router = mount(router, health);
@@ -107,16 +119,104 @@ pub(crate) async fn report_health(state: AppState, stop: impl std::future::Futur
     }
 }
 
+/// `stanch.v1.RouteWatch`, with [`WatchCodec`]; any other method of it is
+/// `UNIMPLEMENTED`.
+#[derive(Clone)]
+struct WatchService(Arc<Watch>);
+
+impl tonic::server::NamedService for WatchService {
+    const NAME: &'static str = stanch_api::proto::ROUTE_WATCH_SERVICE;
+}
+
+type Answer = axum::http::Response<tonic::body::Body>;
+
+impl tower::Service<axum::http::Request<axum::body::Body>> for WatchService {
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<axum::body::Body>) -> Self::Future {
+        let watch = self.0.clone();
+        Box::pin(async move {
+            if request.uri().path() != WATCH_ROUTES {
+                return Ok(
+                    Status::unimplemented("stanch.v1.RouteWatch has WatchRoutes only").into_http(),
+                );
+            }
+            let mut grpc = tonic::server::Grpc::new(WatchCodec)
+                .apply_max_message_size_config(Some(MAX_REQUEST_BYTES), Some(MAX_RESPONSE_BYTES));
+            Ok(grpc.streaming(WatchRoutes(watch), request).await)
+        })
+    }
+}
+
+/// The watch's codec: a gateway's messages are decoded by prost; the controller's are
+/// written as they were encoded, a table once per version for every stream
+/// (`Snapshot::grpc`), a heartbeat once per beat.
+struct WatchCodec;
+
+impl tonic::codec::Codec for WatchCodec {
+    type Encode = Bytes;
+    type Decode = v1::WatchRequest;
+    type Encoder = Encoded;
+    type Decoder = tonic_prost::ProstDecoder<v1::WatchRequest>;
+
+    fn encoder(&mut self) -> Encoded {
+        Encoded
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(buffers())
+    }
+}
+
+fn buffers() -> tonic::codec::BufferSettings {
+    tonic::codec::BufferSettings::new(BUFFER_BYTES, 32 << 10)
+}
+
+/// Writes a message already encoded.
+struct Encoded;
+
+impl tonic::codec::Encoder for Encoded {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        buffers()
+    }
+}
+
+/// `WatchRoutes`, as tonic's server calls it.
+struct WatchRoutes(Arc<Watch>);
+
+impl tonic::server::StreamingService<v1::WatchRequest> for WatchRoutes {
+    type Response = Bytes;
+    type ResponseStream = Messages;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Messages>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<Streaming<v1::WatchRequest>>) -> Self::Future {
+        let watch = self.0.clone();
+        Box::pin(async move { watch.watch_routes(request).await })
+    }
+}
+
 struct Watch {
     state: AppState,
 }
 
-type Messages = Pin<Box<dyn Stream<Item = Result<v1::WatchResponse, Status>> + Send>>;
+/// A stream's messages, each encoded.
+type Messages = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl RouteWatch for Watch {
-    type WatchRoutesStream = Messages;
-
+impl Watch {
     async fn watch_routes(
         &self,
         request: Request<Streaming<v1::WatchRequest>>,
@@ -160,7 +260,7 @@ struct Session {
     close: Option<CloseConnection>,
     state: AppState,
     inbound: Streaming<v1::WatchRequest>,
-    out: mpsc::Sender<Result<v1::WatchResponse, Status>>,
+    out: mpsc::Sender<Result<Bytes, Status>>,
     guard: WatcherGuard,
     /// The table the gateway holds as far as this session knows: what its Hello
     /// said, then what was last sent. `None` for the gateway that holds none.
@@ -198,9 +298,7 @@ impl Session {
                 .as_ref()
                 .is_none_or(|(e, v)| e != epoch || *v < version);
             if news {
-                let table = v1::WatchResponse {
-                    kind: Some(watch_response::Kind::Table(snap.grpc.clone())),
-                };
+                let table = snap.grpc.clone();
                 let (epoch, version) = (epoch.clone(), version);
                 drop(snap);
                 self.send(table, slow).await?;
@@ -224,7 +322,7 @@ impl Session {
                             latest_version: self.state.publisher.load().table.version,
                         })),
                     };
-                    self.send(heartbeat, slow).await?;
+                    self.send(Bytes::from(prost::Message::encode_to_vec(&heartbeat)), slow).await?;
                 }
                 message = self.inbound.message() => self.receive(message)?,
             }
@@ -318,7 +416,7 @@ impl Session {
 
     /// Sends one message, or gives the gateway up when it has not taken the last one
     /// within `slow`.
-    async fn send(&self, message: v1::WatchResponse, slow: Duration) -> Result<(), End> {
+    async fn send(&self, message: Bytes, slow: Duration) -> Result<(), End> {
         match tokio::time::timeout(slow, self.out.reserve()).await {
             Ok(Ok(permit)) => {
                 permit.send(Ok(message));

@@ -266,6 +266,7 @@ impl Controller {
         let app = api::router(shared.clone());
         if shared.server.watch.grpc {
             tasks.spawn(api::report_health(shared.clone(), until_stopped()));
+            tasks.spawn(api::sweep_grpc(shared.clone(), until_stopped()));
         }
         tasks.spawn(started.task.run(until_stopped()));
         let scheme = if tls.is_some() { "https" } else { "http" };

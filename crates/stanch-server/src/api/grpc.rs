@@ -4,9 +4,12 @@
 //!
 //! One stream is one session: the gateway's Hello says what it holds, the session
 //! sends what it lacks, latest only, and reads the gateway's Acks and Nacks. The
-//! session writes into a channel of one message, and a gateway that leaves it full for
-//! `watch.slow_client_timeout` is cut off, its connection closed: nothing queues
-//! behind a slow reader, and the publisher never waits for any.
+//! session is the response body itself, run whenever HTTP/2 can take another message
+//! from it (no task of its own, nothing handed between tasks), so at most one message
+//! waits for a gateway that reads slowly. A gateway that takes nothing it is owed (a
+//! newer table, a heartbeat) for `watch.slow_client_timeout` is cut off by the
+//! [`sweep`], its connection closed: a body behind HTTP/2 flow control is not run, so
+//! it cannot time itself out. The publisher never waits for any.
 //!
 //! The watch is served by hand rather than by the generated `RouteWatchServer`, for
 //! its codec ([`WatchCodec`]): a table goes out as the bytes its snapshot encoded once
@@ -23,10 +26,12 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes};
 use stanch_api::proto::v1::{self, watch_request, watch_response};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Weak};
+
 use stanch_api::status::WatchTransport;
-use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tonic::codegen::tokio_stream::Stream;
-use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
@@ -237,31 +242,47 @@ impl Watch {
         }
         let guard = WatcherGuard::admit(state, WatchTransport::Grpc, None)
             .map_err(|e| Status::unavailable(e.to_string()))?;
-        let (out, messages) = mpsc::channel(1);
         let close = request.extensions().get::<CloseConnection>().cloned();
+        let liveness = state.grpc_sessions.add(close);
+        let heartbeat = state.server.watch.heartbeat.0;
+        let mut beat = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let session = Session {
-            close,
             state: state.clone(),
             inbound: request.into_inner(),
-            out,
+            published: state.publisher.subscribe(),
+            beat,
             guard,
+            liveness,
+            greeted: false,
             holds: None,
             sent: VecDeque::with_capacity(SENT_KEPT),
         };
-        tokio::spawn(session.run());
-        Ok(Response::new(Box::pin(ReceiverStream::new(messages))))
+        let messages = futures_util::stream::unfold(Some(session), |session| async move {
+            let mut session = session?;
+            match session.next().await {
+                Ok(message) => Some((Ok(message), Some(session))),
+                Err(end) => {
+                    let status = end?;
+                    debug!(code = ?status.code(), message = status.message(), "gRPC watch ended");
+                    Some((Err(status), None))
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(messages)))
     }
 }
 
 /// One gateway's stream.
 struct Session {
-    /// Closes the gateway's connection, when it is served by `stanch_net` (always,
-    /// but in tests that serve the router some other way).
-    close: Option<CloseConnection>,
     state: AppState,
     inbound: Streaming<v1::WatchRequest>,
-    out: mpsc::Sender<Result<Bytes, Status>>,
+    published: tokio::sync::watch::Receiver<u64>,
+    beat: tokio::time::Interval,
     guard: WatcherGuard,
+    /// What the sweep sees of it.
+    liveness: Arc<Liveness>,
+    greeted: bool,
     /// The table the gateway holds as far as this session knows: what its Hello
     /// said, then what was last sent. `None` for the gateway that holds none.
     holds: Option<(String, u64)>,
@@ -273,23 +294,15 @@ struct Session {
 type End = Option<Status>;
 
 impl Session {
-    async fn run(mut self) {
-        let Err(end) = self.serve().await;
-        if let Some(status) = end {
-            debug!(code = ?status.code(), message = status.message(), "gRPC watch ended");
-            // Room for it or not: a gateway that is not reading will not read this.
-            let _ = self.out.try_send(Err(status));
-        }
-    }
-
-    /// Serves the stream until it ends, and says why.
-    async fn serve(&mut self) -> Result<std::convert::Infallible, End> {
+    /// The next message for the gateway, once there is one (the Acks and Nacks that
+    /// come meanwhile are taken in); `Err` when the stream ends, and why.
+    async fn next(&mut self) -> Result<Bytes, End> {
         let watch = &self.state.server.watch;
         let (heartbeat, slow) = (watch.heartbeat.0, watch.slow_client_timeout.0);
-        self.hello(slow).await.map_err(Some)?;
-        let mut published = self.state.publisher.subscribe();
-        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
-        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        if !self.greeted {
+            self.hello(slow).await.map_err(Some)?;
+            self.greeted = true;
+        }
         loop {
             let snap = self.state.publisher.load();
             let (epoch, version) = (&snap.table.epoch, snap.table.version);
@@ -299,30 +312,34 @@ impl Session {
                 .is_none_or(|(e, v)| e != epoch || *v < version);
             if news {
                 let table = snap.grpc.clone();
-                let (epoch, version) = (epoch.clone(), version);
+                let epoch = epoch.clone();
                 drop(snap);
-                self.send(table, slow).await?;
                 self.holds = Some((epoch.clone(), version));
                 if self.sent.len() == SENT_KEPT {
                     self.sent.pop_front();
                 }
                 self.sent.push_back((epoch, version));
-                beat.reset();
+                self.beat.reset();
+                self.liveness.gave(Some(version));
+                return Ok(table);
             }
+            drop(snap);
+            self.liveness.holds(version);
             tokio::select! {
-                changed = published.changed() => {
+                changed = self.published.changed() => {
                     if changed.is_err() {
                         return Err(Some(Status::unavailable("the controller is shutting down")));
                     }
                 }
-                _ = beat.tick() => {
+                _ = self.beat.tick() => {
                     let heartbeat = v1::WatchResponse {
                         kind: Some(watch_response::Kind::Heartbeat(v1::Heartbeat {
                             interval_ms: u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX),
                             latest_version: self.state.publisher.load().table.version,
                         })),
                     };
-                    self.send(Bytes::from(prost::Message::encode_to_vec(&heartbeat)), slow).await?;
+                    self.liveness.gave(None);
+                    return Ok(Bytes::from(prost::Message::encode_to_vec(&heartbeat)));
                 }
                 message = self.inbound.message() => self.receive(message)?,
             }
@@ -413,28 +430,121 @@ impl Session {
         };
         Err(Some(Status::invalid_argument(problem)))
     }
+}
 
-    /// Sends one message, or gives the gateway up when it has not taken the last one
-    /// within `slow`.
-    async fn send(&self, message: Bytes, slow: Duration) -> Result<(), End> {
-        match tokio::time::timeout(slow, self.out.reserve()).await {
-            Ok(Ok(permit)) => {
-                permit.send(Ok(message));
-                Ok(())
+/// The gRPC sessions in progress, for the [`sweep`].
+#[derive(Default)]
+pub(crate) struct Sessions {
+    live: Mutex<Vec<Weak<Liveness>>>,
+}
+
+/// Milliseconds since the first time this was asked (at least 1: 0 means never).
+fn now_ms() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
+/// What the sweep knows of one session.
+pub(crate) struct Liveness {
+    /// When the session last gave its gateway a message, or began.
+    gave_at: AtomicU64,
+    /// The version of the last table it gave (`u64::MAX`: none yet).
+    holds: AtomicU64,
+    /// Since when (by the sweep) it has owed its gateway a newer table; 0: it does not.
+    owed_since: AtomicU64,
+    /// Closes its connection, when it is served by `stanch_net` (always, but in tests
+    /// that serve the router some other way).
+    close: Option<CloseConnection>,
+}
+
+impl Sessions {
+    /// Registers a session served on the connection `close` closes.
+    fn add(&self, close: Option<CloseConnection>) -> Arc<Liveness> {
+        let liveness = Arc::new(Liveness {
+            gave_at: AtomicU64::new(now_ms()),
+            holds: AtomicU64::new(u64::MAX),
+            owed_since: AtomicU64::new(0),
+            close,
+        });
+        self.live
+            .lock()
+            .expect("sessions lock")
+            .push(Arc::downgrade(&liveness));
+        liveness
+    }
+}
+
+impl Liveness {
+    /// The session gave its gateway a message: a table of `version`, or a heartbeat.
+    fn gave(&self, version: Option<u64>) {
+        self.gave_at.store(now_ms(), Ordering::Relaxed);
+        if let Some(v) = version {
+            self.holds(v);
+        }
+    }
+
+    /// The gateway holds the table of `version`.
+    fn holds(&self, version: u64) {
+        self.holds.store(version, Ordering::Relaxed);
+    }
+}
+
+/// Until `stop`: cuts off, every quarter of `watch.slow_client_timeout` (at most every
+/// second), each gRPC session that has owed its gateway a newer table for longer than
+/// that timeout, or given it nothing (not even a heartbeat) for a heartbeat interval
+/// and that timeout; and forgets the sessions that ended.
+pub(crate) async fn sweep(state: AppState, stop: impl Future<Output = ()>) {
+    let watch = &state.server.watch;
+    let slow = u64::try_from(watch.slow_client_timeout.0.as_millis()).unwrap_or(u64::MAX);
+    let silent =
+        slow.saturating_add(u64::try_from(watch.heartbeat.0.as_millis()).unwrap_or(u64::MAX));
+    let every =
+        (watch.slow_client_timeout.0 / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    let sessions = &state.grpc_sessions;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stop => return,
+        }
+        let latest = state.publisher.load().table.version;
+        let now = now_ms();
+        let mut cut = 0;
+        sessions.live.lock().expect("sessions lock").retain(|weak| {
+            let Some(s) = weak.upgrade() else {
+                return false;
+            };
+            let owed = s.holds.load(Ordering::Relaxed) != latest;
+            let since = s.owed_since.load(Ordering::Relaxed);
+            match (owed, since) {
+                (false, _) => s.owed_since.store(0, Ordering::Relaxed),
+                (true, 0) => s.owed_since.store(now, Ordering::Relaxed),
+                _ => {}
             }
-            // The gateway's stream is gone: nobody to tell.
-            Ok(Err(_)) => Err(None),
-            Err(_) => {
+            let gave_at = s.gave_at.load(Ordering::Relaxed);
+            let stuck = (owed && since != 0 && now.saturating_sub(since) > slow)
+                || now.saturating_sub(gave_at) > silent;
+            if stuck {
                 // Behind HTTP/2 flow control a status would wait, as the messages do,
                 // for window the gateway does not grant: its connection is closed
                 // instead, which frees what waits on it, as a stuck SSE watcher's is.
-                if let Some(close) = &self.close {
+                if let Some(close) = &s.close {
                     close.close();
                 }
-                Err(Some(Status::deadline_exceeded(format!(
-                    "the gateway took no message for {slow:?}; reconnect and read faster"
-                ))))
+                cut += 1;
             }
+            !stuck
+        });
+        if cut > 0 {
+            debug!(
+                cut,
+                "gRPC watchers that took nothing for watch.slow_client_timeout were cut off"
+            );
         }
     }
 }

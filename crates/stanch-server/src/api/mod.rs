@@ -5,7 +5,7 @@
 
 mod admin;
 mod grpc;
-pub(crate) use grpc::report_health;
+pub(crate) use grpc::{report_health, sweep as sweep_grpc};
 mod intake;
 mod read;
 mod ui;
@@ -69,6 +69,8 @@ pub struct Shared {
     pub leadership: Arc<Leadership>,
     /// What `grpc.health.v1` answers (`grpc::report_health` keeps it).
     pub(crate) health: tonic_health::server::HealthReporter,
+    /// The gRPC watch's sessions, for `grpc::sweep`.
+    pub(crate) grpc_sessions: grpc::Sessions,
     /// Connected watchers (long-poll, SSE and gRPC).
     watchers: AtomicUsize,
     /// The bytes of request bodies still arriving.
@@ -105,6 +107,7 @@ impl Shared {
             store,
             watchers: AtomicUsize::new(0),
             health: tonic_health::server::HealthReporter::new(),
+            grpc_sessions: grpc::Sessions::default(),
             bodies: BodyBudget::new(server.intake.max_partial_body_bytes),
             config: ArcSwap::new(config),
             server,

@@ -310,9 +310,27 @@ pub(crate) fn evaluate(
     }
 }
 
-/// The next step down and when it becomes possible, for the status report.
+/// The next step down and when it becomes possible, for the status report. A step the
+/// flap guard would undo in the same decision (it would make one swing too many within
+/// `flap.window`: the model is pinned where it is, and gateways never see the step) is
+/// not one: none is reported.
 pub(crate) fn step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp)> {
-    next_step_down(st, cx).map(|(to, at, _)| (to, at))
+    let (to, at, _) = next_step_down(st, cx)?;
+    if st.pin.is_none() {
+        let mut transitions = st.transitions.clone();
+        transitions.push_back((at, st.rung, to));
+        let window = cx.policy.flap.window.0;
+        while transitions
+            .front()
+            .is_some_and(|(t, _, _)| at.since(*t) > window)
+        {
+            transitions.pop_front();
+        }
+        if swings(&transitions) > cx.policy.flap.max_transitions {
+            return None;
+        }
+    }
+    Some((to, at))
 }
 
 /// The next step down, when it becomes possible, and the rule for it.

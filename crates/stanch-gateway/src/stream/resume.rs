@@ -576,6 +576,11 @@ mod tests {
         assert_eq!(v["usage"]["completion_tokens"], 3);
         assert_eq!(v["usage"]["total_tokens"], 13);
         assert_eq!(t.text().as_deref(), Some("Hello world"));
+        // What a continuation adds is kept as escaped as what came first, and decodes
+        // with it for a second resume.
+        let _ = passed(s.chunk(&chunk("second", " \"q\"\n😀\\", None), false, &mut t));
+        assert_eq!(t.text().as_deref(), Some("Hello world \"q\"\n😀\\"));
+        assert_eq!(t.tokens(), 4);
     }
 
     #[test]

@@ -234,3 +234,35 @@ async fn with_resumes_off_or_nowhere_to_go_a_broken_stream_ends_with_the_error_e
         }
     }
 }
+
+/// A continuation that breaks in turn is continued again while `stream_resumes`
+/// allows: the caller's text then holds two upstreams' parts, and the third continues
+/// after both. With one resume, the second break ends the stream.
+#[tokio::test]
+async fn a_continuation_that_breaks_too_is_continued_while_resumes_allow() {
+    let expected = content(&unbroken().await);
+    for (retry, whole) in [(", stream_resumes: 2", true), ("", false)] {
+        let a = mock("a", Prefill::Ignore).await;
+        let b = mock("b", Prefill::Continue).await;
+        let c = mock("c", Prefill::Continue).await;
+        a.fault(json!({"kind": "break", "after_tokens": 2}));
+        b.fault(json!({"kind": "break", "after_tokens": 2}));
+        let gw = pools(
+            &[
+                ("a", "none", "", &a),
+                ("b", "vllm", "", &b),
+                ("c", "vllm", "", &c),
+            ],
+            retry,
+        )
+        .await;
+        let ev = stream(&gw).await;
+        if whole {
+            assert_whole(&ev, &expected, retry);
+            assert_eq!(resumes(&gw, "prefill", "spliced").await, 2.0);
+        } else {
+            assert_interrupted(&ev, 4, retry);
+            assert_eq!(c.requests(), 0);
+        }
+    }
+}

@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::{StatusCode, header};
 use axum::response::Response;
@@ -20,6 +21,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use crate::Gateway;
+use crate::endpoints::Endpoint;
 use crate::headers::Forward;
 
 /// The proxied APIs.
@@ -182,6 +184,23 @@ impl Ctx<'_> {
     /// says so).
     pub(crate) fn vip(&self) -> bool {
         self.tenant.is_some_and(|i| self.gw.tenants[i].vip)
+    }
+
+    /// Time left on the block this request's route table puts on `e`, if any.
+    pub(crate) fn table_block(&self, e: &Endpoint) -> Option<Duration> {
+        let table = self.table.as_deref()?;
+        crate::route::table_block(table, e, self.wall).map(|until| until.since(self.wall))
+    }
+
+    /// Whether `e` is open to this request at `now`: not attempted yet (per `tried`),
+    /// and blocked neither by its own failures nor by the route table.
+    pub(crate) fn open(
+        &self,
+        e: &Endpoint,
+        tried: impl Fn(&Endpoint) -> bool,
+        now: Instant,
+    ) -> bool {
+        !tried(e) && e.blocked(now).is_none() && self.table_block(e).is_none()
     }
 }
 

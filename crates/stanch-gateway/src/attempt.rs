@@ -35,7 +35,7 @@ use crate::error::{Again, Failure, Retry};
 use crate::headers;
 use crate::metrics::{AttemptLabels, KindLabel, ModelLabel, WinnerLabel};
 use crate::outcome::{Outcome, classify_status, retry_after};
-use crate::route::{plan, table_block};
+use crate::route::plan;
 use crate::stream::resume::{How, prefilled};
 use crate::upstream::{self, SendError};
 
@@ -188,8 +188,6 @@ async fn retry_here(
     let gw = ctx.gw;
     let r = &gw.config.retry;
     let now = Instant::now();
-    let (table, wall) = (ctx.table.as_deref(), ctx.wall);
-    let table_blocked = |e: &Endpoint| table.and_then(|t| table_block(t, e, wall)).is_some();
     let floor = why.floor();
     let resume = now + floor.max(backoff(gw, ctx.attempts));
     let allowed = match why {
@@ -207,8 +205,8 @@ async fn retry_here(
     };
     // A block of its own beyond the wait (passive blocking, not the 429's own wait) or
     // the table's says it is not coming back within this request.
-    let coming_back =
-        endpoint.blocked(now).is_none_or(|until| until <= resume) && !table_blocked(endpoint);
+    let coming_back = endpoint.blocked(now).is_none_or(|until| until <= resume)
+        && ctx.table_block(endpoint).is_none();
     if !allowed || !coming_back || ctx.attempts >= r.max_attempts || resume >= deadline {
         return false;
     }
@@ -216,12 +214,7 @@ async fn retry_here(
         .iter()
         .filter(|(m, _)| *m == endpoint.model)
         .flat_map(|(m, p)| &gw.models[*m].pools[*p].1)
-        .any(|e| {
-            !std::ptr::eq(e.as_ref(), endpoint)
-                && !tried.has(e)
-                && e.blocked(now).is_none()
-                && !table_blocked(e)
-        });
+        .any(|e| ctx.open(e, |e| std::ptr::eq(e, endpoint) || tried.has(e), now));
     if alternative {
         return false;
     }
@@ -309,19 +302,13 @@ async fn next<'g>(
     if candidates.is_empty() {
         return Next::PoolDone;
     }
-    // Time left on the route table's block of an endpoint, if any.
-    let (table, wall) = (ctx.table.as_deref(), ctx.wall);
-    let blocked = |e: &Endpoint| {
-        table
-            .and_then(|t| table_block(t, e, wall))
-            .map(|until| until.since(wall))
-    };
     let kind = if ctx.stream {
         Kind::Stream
     } else {
         Kind::Whole
     };
     let slow_start = gw.config.blocking.slow_start.0;
+    let blocked = |e: &Endpoint| ctx.table_block(e);
     let Some((chosen, all_blocked)) = choose(&candidates, blocked, kind, now, slow_start) else {
         return Next::PoolDone;
     };
@@ -331,7 +318,7 @@ async fn next<'g>(
         let open_later = targets[t + 1..]
             .iter()
             .flat_map(|(m2, p2)| &gw.models[*m2].pools[*p2].1)
-            .any(|e| !tried.has(e) && e.blocked(now).is_none() && blocked(e).is_none());
+            .any(|e| ctx.open(e, |e| tried.has(e), now));
         if open_later {
             return Next::PassOver;
         }
@@ -558,19 +545,14 @@ fn hedge_target<'g>(
         return None;
     }
     let now = Instant::now();
-    let (table, wall) = (ctx.table.as_deref(), ctx.wall);
-    let blocked = |e: &Endpoint| {
-        table
-            .and_then(|t| table_block(t, e, wall))
-            .map(|until| until.since(wall))
-    };
+    let blocked = |e: &Endpoint| ctx.table_block(e);
     let slow_start = gw.config.blocking.slow_start.0;
     for (m, p) in rest {
         let endpoints = &gw.models[*m].pools[*p].1;
         let open: Vec<&Endpoint> = endpoints
             .iter()
             .map(Arc::as_ref)
-            .filter(|e| !tried.has(e) && e.blocked(now).is_none() && blocked(e).is_none())
+            .filter(|e| ctx.open(e, |e| tried.has(e), now))
             .collect();
         let Some((chosen, _)) = choose(&open, blocked, Kind::Stream, now, slow_start) else {
             continue;

@@ -52,8 +52,9 @@ pub struct MockConfig {
     pub prefill: Prefill,
 }
 
-/// What a mock makes of a chat request that ends with an assistant message (a partial
-/// answer to continue), as the servers it stands in for do.
+/// What a mock makes of a request that carries a partial answer to continue: a chat
+/// that ends with an assistant message, or (continuing only) a completions prompt that
+/// ends with the start of its own answer, as the servers it stands in for do.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Prefill {
     /// Takes it for history and answers afresh, as OpenAI's API does.

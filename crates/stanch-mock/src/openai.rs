@@ -143,6 +143,70 @@ fn answer(body: &Value, n: usize) -> Vec<&'static str> {
     (0..n).map(|i| WORDS[(seed + i) % WORDS.len()]).collect()
 }
 
+/// How many words a request may be answered with.
+fn max_tokens(body: &Value) -> usize {
+    body["max_tokens"]
+        .as_u64()
+        .or_else(|| body["max_completion_tokens"].as_u64())
+        .unwrap_or(16)
+        .clamp(1, 512) as usize
+}
+
+/// The most of a prompt's end searched for a partial answer.
+const MAX_PREFILL_BYTES: usize = 4096;
+
+/// The request a prefilled one continues, and how many words of that request's answer
+/// the prefill holds (more than none): a chat whose last message is the assistant's
+/// partial answer, or a prompt that ends with the start of the answer to the prompt
+/// before it, as streamed.
+fn continues(kind: Kind, body: &Value) -> Option<(Value, usize)> {
+    // The request as first sent: its `max_tokens` counted the partial answer too.
+    let before = |mut original: Value, words: usize| {
+        let o = original.as_object_mut()?;
+        for key in ["max_tokens", "max_completion_tokens"] {
+            if let Some(n) = o.get(key).and_then(Value::as_u64) {
+                o.insert(key.into(), Value::from(n + words as u64));
+            }
+        }
+        Some(original)
+    };
+    match kind {
+        Kind::Chat => {
+            let words = prefill(body).filter(|w| *w > 0)?;
+            let mut original = body.clone();
+            original["messages"].as_array_mut()?.pop();
+            let o = original.as_object_mut()?;
+            o.remove("continue_final_message");
+            o.remove("add_generation_prompt");
+            Some((before(original, words)?, words))
+        }
+        Kind::Completion => {
+            let prompt = body["prompt"].as_str()?;
+            let from = prompt.len().saturating_sub(MAX_PREFILL_BYTES);
+            (from..prompt.len())
+                .filter(|at| prompt.is_char_boundary(*at))
+                .find_map(|at| {
+                    let partial = &prompt[at..];
+                    let words = partial.split_whitespace().count();
+                    if words == 0 {
+                        return None;
+                    }
+                    let mut original = body.clone();
+                    original["prompt"] = Value::String(prompt[..at].to_owned());
+                    let original = before(original, words)?;
+                    let answer = answer(&original, max_tokens(&original));
+                    // Streamed, every word but the answer's last is followed by a space.
+                    let streamed: String = answer
+                        .get(..words)?
+                        .iter()
+                        .map(|w| format!("{w} "))
+                        .collect();
+                    (words < answer.len() && partial == streamed).then_some((original, words))
+                })
+        }
+    }
+}
+
 /// The words of a trailing assistant message (a partial answer), if there is one.
 fn prefill(body: &Value) -> Option<usize> {
     let last = body["messages"].as_array()?.last()?;
@@ -219,44 +283,26 @@ async fn generate(mock: &Mock, headers: &HeaderMap, raw: &[u8], kind: Kind) -> R
         }
         _ => {}
     }
-    let prefilled = match prefill(&body) {
-        Some(_) if kind == Kind::Chat && mock.config.prefill == Prefill::Reject => {
-            mock.outcome("prefill_rejected");
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                None,
-                "this model does not support assistant message prefill",
-            );
-        }
-        Some(words) if kind == Kind::Chat && mock.config.prefill == Prefill::Continue => words,
-        _ => 0,
-    };
-    let mut original = body.clone();
-    if prefilled > 0 {
-        // The request without the partial answer, as it was first sent.
-        if let Some(messages) = original["messages"].as_array_mut() {
-            messages.pop();
-        }
-        if let Some(o) = original.as_object_mut() {
-            o.remove("continue_final_message");
-            o.remove("add_generation_prompt");
-            for key in ["max_tokens", "max_completion_tokens"] {
-                if let Some(n) = o.get(key).and_then(Value::as_u64) {
-                    o.insert(key.into(), Value::from(n + prefilled as u64));
-                }
-            }
-        }
+    if kind == Kind::Chat && mock.config.prefill == Prefill::Reject && prefill(&body).is_some() {
+        mock.outcome("prefill_rejected");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            "this model does not support assistant message prefill",
+        );
     }
-    let n = original["max_tokens"]
-        .as_u64()
-        .or_else(|| original["max_completion_tokens"].as_u64())
-        .unwrap_or(16)
-        .clamp(1, 512) as usize;
+    let (original, prefilled) = match mock.config.prefill {
+        Prefill::Continue => continues(kind, &body).unwrap_or_else(|| (body.clone(), 0)),
+        Prefill::Ignore | Prefill::Reject => (body.clone(), 0),
+    };
+    let n = max_tokens(&original);
     let mut words = answer(&original, n);
     words.drain(..prefilled.min(words.len()));
     let stream = body["stream"].as_bool().unwrap_or(false);
-    let prompt_tokens = prompt_words(kind, &body);
+    // The prompt as first sent and the partial answer after it, counted apart: joined
+    // into one prompt, a word of each may run together.
+    let prompt_tokens = prompt_words(kind, &original) + prefilled;
     if !stream {
         return whole(mock, kind, fault, &words, prompt_tokens).await;
     }

@@ -257,7 +257,15 @@ async fn a_dead_pool_gets_at_most_the_threshold_per_block_period() {
 /// qwen-72b hedged after 100 ms, in two pools of one endpoint each (`a`, `b`); its
 /// first-token timeout is 2 s, so only a hedge answers a slow start sooner.
 async fn hedging(a: &Upstream, b: &Upstream) -> Setup {
-    let policy = POLICY.replace("first_token: 400ms", "first_token: 2s");
+    hedging_within(a, b, "max_attempts: 4, budget_min_retries: 1000").await
+}
+
+/// [`hedging`] with the retry policy's limits given by `limits`.
+async fn hedging_within(a: &Upstream, b: &Upstream, limits: &str) -> Setup {
+    let policy = POLICY
+        .replace("first_token: 400ms", "first_token: 2s")
+        .replace("max_attempts: 4, ", "")
+        .replace("budget_min_retries: 1000", limits);
     let yaml = format!(
         "models:
   qwen-72b:
@@ -373,4 +381,50 @@ async fn only_a_slow_stream_with_somewhere_else_to_go_is_hedged() {
         hedges(&metrics, "hedge") + hedges(&metrics, "original"),
         0.0
     );
+}
+
+/// A hedge is a retry: with the retry budget spent, or `max_attempts` at one, a slow
+/// first token is waited for on the original alone, which answers.
+#[tokio::test]
+async fn a_hedge_is_bounded_by_the_retry_budget_and_max_attempts() {
+    for (limits, budget_exhausted) in [
+        (
+            "max_attempts: 4, budget_ratio: 0, budget_min_retries: 0",
+            1.0,
+        ),
+        ("max_attempts: 1, budget_min_retries: 1000", 0.0),
+    ] {
+        let (a, b) = (
+            Upstream::start("qwen-72b", "a").await,
+            Upstream::start("qwen-72b", "b").await,
+        );
+        a.fault(json!({"kind": "slow_first_token", "ms": 400}));
+        let gw = hedging_within(&a, &b, limits).await;
+        let started = Instant::now();
+        let r = gw.chat("qwen-72b", true).await;
+        assert_eq!(r.headers()["x-stanch-attempts"], "1", "{limits}");
+        let ev = events(&r.text().await.unwrap());
+        let first: Value = serde_json::from_str(&ev[0]).unwrap();
+        assert_eq!(
+            first["id"], "chatcmpl-a",
+            "{limits}: the original served it"
+        );
+        assert_eq!(content(&ev).split(' ').count(), 4, "{limits}: {ev:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(400),
+            "{limits}: waited for the slow start"
+        );
+        assert_eq!(b.requests(), 0, "{limits}: no hedge was sent");
+        let metrics = gw.metrics().await;
+        assert_eq!(
+            hedges(&metrics, "hedge") + hedges(&metrics, "original"),
+            0.0,
+            "{limits}"
+        );
+        assert_eq!(
+            sample(&metrics, "stanch_gateway_retry_budget_exhausted_total", &[]),
+            budget_exhausted,
+            "{limits}"
+        );
+    }
 }

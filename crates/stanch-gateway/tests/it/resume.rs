@@ -266,3 +266,55 @@ async fn a_continuation_that_breaks_too_is_continued_while_resumes_allow() {
         }
     }
 }
+
+/// A streamed completion of `max_tokens` 6 with usage: its events.
+async fn stream_completion(gw: &Setup) -> Vec<String> {
+    let body = json!({"model": "qwen-72b", "stream": true, "max_tokens": 6,
+                      "stream_options": {"include_usage": true},
+                      "prompt": "Once upon a time"});
+    let r = gw
+        .http
+        .post(format!("{}/v1/completions", gw.base))
+        .bearer_auth("acme-key")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    events(&r.text().await.unwrap())
+}
+
+/// The text of a completions stream.
+fn completion_text(ev: &[String]) -> String {
+    chunks(ev)
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A completions stream is continued as a chat is: with the partial answer appended to
+/// the prompt where the pool takes a prefill, regenerated and spliced where it does
+/// not; either way one whole stream with one id, the unbroken stream's text and usage.
+#[tokio::test]
+async fn a_broken_completions_stream_is_continued_too() {
+    let a = mock("a", Prefill::Ignore).await;
+    let expected = stream_completion(&pools(&[("a", "none", "", &a)], "").await).await;
+    let text = completion_text(&expected);
+    assert_eq!(text.split_whitespace().count(), 6, "{expected:#?}");
+    for (prefill, how) in [("assistant", "prefill"), ("none", "regenerate")] {
+        let a = mock("a", Prefill::Ignore).await;
+        let b = mock("b", Prefill::Continue).await;
+        a.fault(json!({"kind": "break", "after_tokens": 2}));
+        let gw = pools(&[("a", "none", "", &a), ("b", prefill, "", &b)], "").await;
+        let ev = stream_completion(&gw).await;
+        assert_eq!(completion_text(&ev), text, "{how}: {ev:#?}");
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{how}");
+        let chunks = chunks(&ev);
+        let ids: std::collections::BTreeSet<&str> =
+            chunks.iter().map(|c| c["id"].as_str().unwrap()).collect();
+        assert_eq!(ids.len(), 1, "{how}: one id: {ids:?}");
+        assert_eq!(usage(&ev), usage(&expected), "{how}");
+        assert_eq!(resumes(&gw, how, "spliced").await, 1.0, "{how}");
+        assert_eq!(b.requests(), 1, "{how}");
+    }
+}

@@ -206,12 +206,16 @@ pub fn content(events: &[String]) -> String {
         .collect()
 }
 
-/// The value of the sample of `name` whose labels include every `key="value"` in
-/// `labels`; 0 when there is none.
+/// The sum of the samples of `name` (labelled or not) whose labels include every
+/// `key="value"` in `labels`; 0 when there is none, as for a labelled family none of
+/// whose series exists yet.
 pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metrics
         .lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
         .filter(|l| {
             labels
                 .iter()

@@ -406,29 +406,71 @@ async fn garbage_on_the_wire_gets_invalid_argument() {
     s.table().await;
 }
 
-/// A gateway that stops reading is cut off after the slow-client timeout, while
-/// the others get every version.
-#[tokio::test]
-async fn a_gateway_that_stops_reading_is_cut_off_and_the_others_are_not_held_up() {
-    let h = Harness::with(quick()).await;
-    // A window of a few bytes, never released: the controller can send it nothing
-    // past the first table.
+/// A gateway `id` that says hello and then reads nothing: a window of a few bytes,
+/// never released, so the controller can send it nothing past the first table. Its
+/// connection, and what keeps its stream open.
+async fn stuck(
+    h: &Harness,
+    id: &str,
+) -> (
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+    impl Sized + use<>,
+) {
     let RawWatch {
         response,
         mut body,
         connection,
-    } = raw_watch(&h, Some(64)).await;
+    } = raw_watch(h, Some(64)).await;
     let hello = v1::WatchRequest {
-        kind: Some(hello("gw-stuck", 0, "")),
+        kind: Some(hello(id, 0, "")),
     };
     let bytes = prost::Message::encode_to_vec(&hello);
     let mut frame = vec![0u8];
     frame.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
     frame.extend_from_slice(&bytes);
     body.send_data(frame.into(), false).unwrap();
-    let _response = response.await.unwrap();
-    eventually(&h, "gw-stuck", |g| g["connected"] == true).await;
+    let response = response.await.unwrap();
+    eventually(h, id, |g| g["connected"] == true).await;
+    (connection, (body, response))
+}
 
+/// With no new version to owe it, a gateway that reads nothing is cut off once it has
+/// been given nothing, not even a heartbeat, for a heartbeat interval and the
+/// slow-client timeout; one that reads its heartbeats stays.
+#[tokio::test]
+async fn a_gateway_given_nothing_for_a_heartbeat_and_the_timeout_is_cut_off() {
+    let mut opts = Options::default();
+    opts.server.watch.heartbeat = stanch_api::HumanDuration(Duration::from_millis(1000));
+    opts.server.watch.slow_client_timeout = stanch_api::HumanDuration(Duration::from_millis(500));
+    let h = Harness::with(opts).await;
+    let mut good = open(&h, Some(READ), Some(hello("gw-reading", 0, "")))
+        .await
+        .unwrap();
+    good.table().await;
+    let started = tokio::time::Instant::now();
+    let (connection, _stuck) = stuck(&h, "gw-silent").await;
+    // Past the slow-client timeout, owing nothing: still connected.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(gateway(&h, "gw-silent").await["connected"], true);
+    eventually(&h, "gw-silent", |g| g["connected"] == false).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "not before a heartbeat interval and the timeout: {:?}",
+        started.elapsed()
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(2), connection).await;
+    assert!(closed.is_ok(), "the connection is closed");
+    // The one reading its heartbeats was never cut off.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(gateway(&h, "gw-reading").await["connected"], true);
+}
+
+/// A gateway that stops reading is cut off after the slow-client timeout, while
+/// the others get every version.
+#[tokio::test]
+async fn a_gateway_that_stops_reading_is_cut_off_and_the_others_are_not_held_up() {
+    let h = Harness::with(quick()).await;
+    let (connection, _stuck) = stuck(&h, "gw-stuck").await;
     let mut good = open(&h, Some(READ), Some(self::hello("gw-reading", 0, "")))
         .await
         .unwrap();

@@ -128,7 +128,7 @@ async fn chat(http: &reqwest::Client, gateway: &str) -> anyhow::Result<Answer> {
 }
 
 /// A streamed chat: complete (ending with `[DONE]`, no error event) and whole (16
-/// words) or not, and the models whose chunks made it.
+/// words) or not, the models whose chunks made it, and the mock that started it.
 async fn stream(http: &reqwest::Client, gateway: &str) -> anyhow::Result<Answer> {
     let sent = Instant::now();
     let r = http
@@ -165,8 +165,13 @@ async fn stream(http: &reqwest::Client, gateway: &str) -> anyhow::Result<Answer>
         && !errored
         && events.last() == Some(&"[DONE]")
         && words.split_whitespace().count() == 16;
+    // A mock's stream id names its instance; a spliced stream keeps the first one's.
+    let from = chunks
+        .first()
+        .and_then(|c| c["id"].as_str()?.strip_prefix("chatcmpl-"))
+        .unwrap_or("?");
     let by = match (status, complete) {
-        (200, true) => models.join("+"),
+        (200, true) => format!("{}, started by {from}", models.join("+")),
         (200, false) => "an error event".to_owned(),
         _ => format!("status {status}"),
     };
@@ -201,26 +206,38 @@ async fn start_gateway(binary: &Path, dir: &Path, config: &str) -> anyhow::Resul
 }
 
 /// Sends `requests` streams, the fault set on `faulty` before one in ten; reports the
-/// faulted and the others, with the upstream requests each took (counted by the mocks).
+/// faulted and the others, with the upstream requests each took and the mocks
+/// (`(instance, address)`) that had them, as the mocks count them: one id names the
+/// whole of a spliced stream, so its chunks cannot tell.
 async fn stream_phase(
     name: &str,
     http: &reqwest::Client,
     gateway: &str,
-    mocks: &[String],
+    mocks: &[(&str, String)],
     faulty: &str,
     fault: &str,
     requests: usize,
 ) -> anyhow::Result<()> {
+    let addrs: Vec<String> = mocks.iter().map(|(_, addr)| addr.clone()).collect();
     let (mut others, mut faulted) = (Vec::new(), Vec::new());
     for i in 0..requests {
         let hit = i % 10 == 5;
         if hit {
             admin(faulty, "PUT", "/admin/fault", fault).await?;
         }
-        let before: u64 = mock_requests(mocks).await?.iter().sum();
+        let before = mock_requests(&addrs).await?;
         let mut a = stream(http, gateway).await?;
-        let after: u64 = mock_requests(mocks).await?.iter().sum();
-        a.attempts = after - before;
+        let after = mock_requests(&addrs).await?;
+        a.attempts = after.iter().sum::<u64>() - before.iter().sum::<u64>();
+        if a.ok {
+            let upstreams: Vec<&str> = mocks
+                .iter()
+                .zip(before.iter().zip(&after))
+                .filter(|(_, (b, a))| a > b)
+                .map(|((instance, _), _)| *instance)
+                .collect();
+            a.by = format!("{} (requests at {})", a.by, upstreams.join("+"));
+        }
         if hit {
             faulted.push(a);
         } else {
@@ -248,12 +265,12 @@ async fn stream_phases(
     ] {
         let (proc, addr) = spawn_mock(&args.mock, model, instance, &["--prefill", prefill])?;
         procs.push(proc);
-        mocks.push(addr);
+        mocks.push((instance, addr));
     }
-    for m in &mocks {
+    for (_, m) in &mocks {
         ready(m, "/v1/chat/completions").await?;
     }
-    let (a, b, small) = (&mocks[0], &mocks[1], &mocks[2]);
+    let (a, b, small) = (&mocks[0].1, &mocks[1].1, &mocks[2].1);
     let faq = "faq_sets:\n  default: {default_answer: 'We are busy; please try again shortly.'}\n";
     let fallback = |prefill: &str, extra: &str| {
         format!(

@@ -243,22 +243,36 @@ impl<S: App> Connection<S> {
         let io = WriteDeadline::new(stream, limits.write_timeout);
         let result = match tls {
             None => serve_http(TokioIo::new(io), h2, app, &limits, watch).await,
-            Some(acceptor) => {
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io)).await {
-                    Ok(Ok(stream)) => {
-                        let h2 = limits.http2.is_some()
-                            && stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                        serve_http(TokioIo::new(stream), h2, app, &limits, watch).await
-                    }
-                    Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => return debug!(%peer, "TLS handshake timed out"),
-                }
-            }
+            // Boxed: a TLS session's state (the handshake's, then rustls's buffers
+            // beside hyper's) is several times a plain connection's, and held inline
+            // it would size the task of every connection, plain ones too, to it.
+            Some(acceptor) => match Box::pin(serve_tls(io, acceptor, app, &limits, watch)).await {
+                Ok(served) => served,
+                Err(why) => return debug!(%peer, "TLS handshake {why}"),
+            },
         };
         if let Err(e) = result {
             debug!(error = %e, "connection ended with an error");
         }
     }
+}
+
+/// Serves one connection over TLS, HTTP/2 where ALPN chose it; `Err` says how the
+/// handshake failed.
+async fn serve_tls<S: App>(
+    io: WriteDeadline<tokio::net::TcpStream>,
+    acceptor: TlsAcceptor,
+    app: S,
+    limits: &ConnLimits,
+    watch: Watch,
+) -> Result<Result<(), hyper::Error>, String> {
+    let stream = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(io)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Err(format!("failed: {e}")),
+        Err(_) => return Err("timed out".to_owned()),
+    };
+    let h2 = limits.http2.is_some() && stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    Ok(serve_http(TokioIo::new(stream), h2, app, limits, watch).await)
 }
 
 /// Serves one connection as HTTP/2 (`h2`, which `limits.http2` then bounds) or
@@ -818,6 +832,30 @@ mod tests {
             let _ = stopped.await;
         }));
         (addr, stop)
+    }
+
+    /// Every open connection is a task holding this future, so its size is paid
+    /// once per watcher of a large fleet: what only a TLS connection needs (the
+    /// handshake, rustls's state) is boxed, not held inline by plain ones, and hyper's
+    /// connection state is held once. Either mistake more than doubles it.
+    #[tokio::test]
+    async fn a_plain_connection_is_served_by_a_small_future() {
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let app = hyper_util::service::TowerToHyperService::new(app);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let drain = super::Drain::default();
+        let conn = super::Connection {
+            peer: addr,
+            app,
+            tls: None,
+            limits: super::ConnLimits::default(),
+            watch: drain.watch(),
+        };
+        let serving = conn.serve(stream);
+        let size = std::mem::size_of_val(&serving);
+        assert!(size <= 3 * 1024, "a connection's future is {size} bytes");
     }
 
     #[tokio::test]

@@ -3,9 +3,10 @@
 //! 5,000 gRPC watchers (each acknowledging every table), 3,000 SSE and 2,000 long-poll
 //! watchers by default. Then: how fast a new version reaches them (per transport, the
 //! tail, and the last), how soon every gRPC watcher's Ack shows in `/v1/status`, the
-//! controller's CPU per version and its memory; 1,000 watchers that stop reading (a
-//! full receive window) joining, and being cut off, while the others are timed; and a
-//! controller killed and restarted under all of them (the reconnect storm).
+//! controller's CPU per version (and the watchers', on the same cores) and its memory;
+//! 1,000 watchers that stop reading (a full receive window) joining, and being cut
+//! off, while the others are timed; and a controller killed and restarted under all
+//! of them (the reconnect storm).
 //!
 //! The benchmark raises its own file-descriptor limit (soft to hard) before it opens
 //! anything; the controller, its child, inherits it.
@@ -130,19 +131,22 @@ impl Controller {
         crate::rss_kib(self.pid())
     }
 
-    /// CPU time used so far (user + system), in clock ticks of 10 ms; 0 when it
-    /// cannot be read.
     fn cpu_ticks(&self) -> u64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        // The fields after the command name, which is in parentheses.
-        let ticks = |fields: &[&str]| -> Option<u64> {
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        };
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| ticks(&rest.split_whitespace().collect::<Vec<_>>()))
-            .unwrap_or(0)
+        cpu_ticks(self.pid())
     }
+}
+
+/// The CPU time process `pid` has used so far (user + system), in clock ticks of
+/// 10 ms; 0 when it cannot be read.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let ticks = |fields: &[&str]| -> Option<u64> {
+        Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    };
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| ticks(&rest.split_whitespace().collect::<Vec<_>>()))
+        .unwrap_or(0)
 }
 
 impl Drop for Controller {
@@ -453,6 +457,7 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
     let mut lasts = Vec::new();
     let mut short = 0;
     let ticks = controller.cpu_ticks();
+    let own_ticks = cpu_ticks(std::process::id());
     for n in 0..args.rounds {
         let (version, _, by_kind) =
             round(&http, &base, n, &arrivals, total, Duration::from_secs(5)).await?;
@@ -473,6 +478,7 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let cpu = (controller.cpu_ticks() - ticks) as f64 * 10.0; // ms
+    let own_cpu = (cpu_ticks(std::process::id()) - own_ticks) as f64 * 10.0;
     p99s.sort();
     lasts.sort();
     println!(
@@ -497,6 +503,11 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
         "controller CPU: {:.1} ms per version, {:.2} ms per version per 1000 watchers (includes the webhook and the watchers' requests)",
         cpu / args.rounds as f64,
         cpu / args.rounds as f64 / (total as f64 / 1000.0)
+    );
+    // On the same cores: what of the machine the controller could not have.
+    println!(
+        "the watchers' CPU (this process): {:.1} ms per version",
+        own_cpu / args.rounds as f64
     );
     println!("RSS after the rounds: {} KiB", controller.rss_kib());
 

@@ -183,8 +183,11 @@ fn continues(kind: Kind, body: &Value) -> Option<(Value, usize)> {
         Kind::Completion => {
             let prompt = body["prompt"].as_str()?;
             let from = prompt.len().saturating_sub(MAX_PREFILL_BYTES);
+            // A partial answer begins with one of the mock's words: only there is the
+            // request before it worth rebuilding.
             (from..prompt.len())
                 .filter(|at| prompt.is_char_boundary(*at))
+                .filter(|at| WORDS.iter().any(|w| prompt[*at..].starts_with(w)))
                 .find_map(|at| {
                     let partial = &prompt[at..];
                     let words = partial.split_whitespace().count();

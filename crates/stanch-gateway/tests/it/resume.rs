@@ -64,9 +64,7 @@ fn assert_whole(ev: &[String], expected: &str, what: &str) {
         ev.len(),
         "{what}: no error event: {ev:#?}"
     );
-    let ids: std::collections::BTreeSet<&str> =
-        chunks.iter().map(|c| c["id"].as_str().unwrap()).collect();
-    assert_eq!(ids.len(), 1, "{what}: one id for the whole stream: {ids:?}");
+    assert_one_id(&chunks, what);
     let roles = chunks
         .iter()
         .filter(|c| c["choices"][0]["delta"].get("role").is_some())
@@ -80,6 +78,13 @@ fn assert_whole(ev: &[String], expected: &str, what: &str) {
     assert_eq!(finishes, [&json!("stop")], "{what}: one finish_reason");
     let usage = chunks.iter().filter(|c| c["usage"].is_object()).count();
     assert_eq!(usage, 1, "{what}: one usage chunk");
+}
+
+/// Asserts every chunk carries the same `id`: one stream, however many upstreams.
+fn assert_one_id(chunks: &[Value], what: &str) {
+    let ids: std::collections::BTreeSet<&str> =
+        chunks.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 1, "{what}: one id for the whole stream: {ids:?}");
 }
 
 /// The usage a stream reported.
@@ -309,10 +314,7 @@ async fn a_broken_completions_stream_is_continued_too() {
         let ev = stream_completion(&gw).await;
         assert_eq!(completion_text(&ev), text, "{how}: {ev:#?}");
         assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{how}");
-        let chunks = chunks(&ev);
-        let ids: std::collections::BTreeSet<&str> =
-            chunks.iter().map(|c| c["id"].as_str().unwrap()).collect();
-        assert_eq!(ids.len(), 1, "{how}: one id: {ids:?}");
+        assert_one_id(&chunks(&ev), how);
         assert_eq!(usage(&ev), usage(&expected), "{how}");
         assert_eq!(resumes(&gw, how, "spliced").await, 1.0, "{how}");
         assert_eq!(b.requests(), 1, "{how}");

@@ -44,6 +44,18 @@ pub struct FleetArgs {
     /// Watchers that stop reading.
     #[arg(long, default_value_t = 1000)]
     slow: usize,
+    /// The gRPC watchers' client: `h2`, lean (HTTP/2 and gRPC framing by hand, only a
+    /// table's version and epoch decoded, as the SSE and long-poll watchers read only
+    /// the event id and version); or `tonic`, as stanch-client watches (a tonic
+    /// channel, every table decoded whole), which costs the shared cores more.
+    #[arg(long, value_enum, default_value_t = GrpcClient::H2)]
+    grpc_client: GrpcClient,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum GrpcClient {
+    H2,
+    Tonic,
 }
 
 /// The transports, in the order results are printed.
@@ -163,8 +175,8 @@ fn jitter(watcher: usize, attempt: u64) -> Duration {
     Duration::from_millis(h.finish() % 1000)
 }
 
-/// One gRPC watcher: Hello with what it holds, an Ack for every table; on any end,
-/// again after up to a second.
+/// One gRPC watcher as stanch-client watches, on a tonic channel: Hello with what it
+/// holds, an Ack for every table; on any end, again after up to a second.
 async fn grpc_watcher(base: String, i: usize, arrivals: Arrivals) {
     let endpoint = tonic::transport::Endpoint::from_shared(base)
         .expect("a URL")
@@ -207,6 +219,113 @@ async fn grpc_watcher(base: String, i: usize, arrivals: Arrivals) {
                     .is_err()
                 {
                     break;
+                }
+            }
+        }
+    }
+}
+
+/// What a lean gRPC watcher reads of a `WatchResponse`: the table's version and epoch
+/// (the same field numbers; prost skips the rest unread, as any reader skips fields it
+/// does not know).
+#[derive(Clone, PartialEq, prost::Message)]
+struct ResponseHead {
+    #[prost(message, optional, tag = "1")]
+    table: Option<TableHead>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct TableHead {
+    #[prost(uint64, tag = "1")]
+    version: u64,
+    #[prost(string, tag = "2")]
+    epoch: String,
+}
+
+/// `message` as a gRPC message on the wire: uncompressed, its length, the bytes.
+fn grpc_frame(message: &impl prost::Message) -> bytes::Bytes {
+    let len = message.encoded_len();
+    let mut frame = Vec::with_capacity(5 + len);
+    frame.push(0);
+    frame.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    message.encode(&mut frame).expect("a Vec grows");
+    frame.into()
+}
+
+/// One lean gRPC watcher, on h2 itself: Hello with what it holds, an Ack for every
+/// table; on any end, again after up to a second.
+async fn h2_grpc_watcher(addr: String, base: String, i: usize, arrivals: Arrivals) {
+    use bytes::Buf;
+    let mut held = (0u64, String::new());
+    for attempt in 0u64.. {
+        if attempt > 0 {
+            tokio::time::sleep(jitter(i, attempt)).await;
+        }
+        let Ok(tcp) = tokio::net::TcpStream::connect(&addr).await else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let Ok((client, connection)) = h2::client::handshake(tcp).await else {
+            continue;
+        };
+        // It ends once the connection fails or the handles below are dropped.
+        tokio::spawn(connection);
+        let request = http::Request::post(format!("{base}/stanch.v1.RouteWatch/WatchRoutes"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("a valid request");
+        let Ok(mut client) = client.ready().await else {
+            continue;
+        };
+        let Ok((response, mut send)) = client.send_request(request, false) else {
+            continue;
+        };
+        let hello = v1::WatchRequest {
+            kind: Some(watch_request::Kind::Hello(v1::Hello {
+                gateway_id: format!("grpc-{i}"),
+                version: held.0,
+                epoch: held.1.clone(),
+            })),
+        };
+        if send.send_data(grpc_frame(&hello), false).is_err() {
+            continue;
+        }
+        let Ok(response) = response.await else {
+            continue;
+        };
+        let mut body = response.into_body();
+        let mut pending = bytes::BytesMut::new();
+        'stream: while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+            pending.extend_from_slice(&chunk);
+            while pending.len() >= 5 {
+                let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]);
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                if pending.len() - 5 < len {
+                    break;
+                }
+                pending.advance(5);
+                let message = pending.split_to(len);
+                let Ok(head) = <ResponseHead as prost::Message>::decode(message) else {
+                    break 'stream;
+                };
+                let Some(t) = head.table else {
+                    continue; // a heartbeat
+                };
+                arrivals
+                    .lock()
+                    .unwrap()
+                    .push((0, t.version, Instant::now()));
+                let ack = v1::WatchRequest {
+                    kind: Some(watch_request::Kind::Ack(v1::Ack {
+                        version: t.version,
+                        epoch: t.epoch.clone(),
+                    })),
+                };
+                held = (t.version, t.epoch);
+                if send.send_data(grpc_frame(&ack), false).is_err() {
+                    break 'stream;
                 }
             }
         }
@@ -286,11 +405,7 @@ async fn stuck_watcher(addr: String, base: String, i: usize) -> Option<Instant> 
             ..Default::default()
         })),
     };
-    let bytes = prost::Message::encode_to_vec(&hello);
-    let mut frame = vec![0u8];
-    frame.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&bytes);
-    body.send_data(frame.into(), false).ok()?;
+    body.send_data(grpc_frame(&hello), false).ok()?;
     let _response = response.await.ok()?;
     // The controller closes the connection once it gives up on us.
     let _ = connection.await;
@@ -422,7 +537,12 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
     for i in 0..total {
         let arrivals = arrivals.clone();
         tasks.push(if i < args.grpc {
-            tokio::spawn(grpc_watcher(base.clone(), i, arrivals))
+            match args.grpc_client {
+                GrpcClient::H2 => {
+                    tokio::spawn(h2_grpc_watcher(addr.clone(), base.clone(), i, arrivals))
+                }
+                GrpcClient::Tonic => tokio::spawn(grpc_watcher(base.clone(), i, arrivals)),
+            }
         } else if i < args.grpc + args.sse {
             tokio::spawn(sse_watcher(addr.clone(), i, arrivals))
         } else {

@@ -28,6 +28,9 @@ pub struct Snapshot {
     pub grpc: Bytes,
     /// `"<epoch>-<version>"`, quoted, for `ETag`.
     pub etag: String,
+    /// `table.epoch`, shared: what each gRPC session remembers sending, a reference
+    /// count per delivery rather than a copy.
+    pub epoch: Arc<str>,
     /// Response headers of every route answer, built once: `ETag`, epoch, version.
     pub headers: [(HeaderName, HeaderValue); 3],
     /// Per-model status.
@@ -71,6 +74,7 @@ impl Snapshot {
         ];
         Snapshot {
             grpc: grpc_message(&table),
+            epoch: Arc::from(table.epoch.as_str()),
             headers,
             table,
             json,

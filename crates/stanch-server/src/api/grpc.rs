@@ -285,9 +285,10 @@ struct Session {
     greeted: bool,
     /// The table the gateway holds as far as this session knows: what its Hello
     /// said, then what was last sent. `None` for the gateway that holds none.
-    holds: Option<(String, u64)>,
-    /// The (epoch, version) of the last tables sent, newest last.
-    sent: VecDeque<(String, u64)>,
+    holds: Option<(Arc<str>, u64)>,
+    /// The (epoch, version) of the last tables sent, newest last. An epoch is the
+    /// snapshot's own (`Snapshot::epoch`), so remembering it costs no copy.
+    sent: VecDeque<(Arc<str>, u64)>,
 }
 
 /// Why a session ends: a status for the gateway (`None` when it just closed).
@@ -305,11 +306,11 @@ impl Session {
         }
         loop {
             let snap = self.state.publisher.load();
-            let (epoch, version) = (&snap.table.epoch, snap.table.version);
+            let (epoch, version) = (&snap.epoch, snap.table.version);
             let news = self
                 .holds
                 .as_ref()
-                .is_none_or(|(e, v)| e != epoch || *v < version);
+                .is_none_or(|(e, v)| *v < version || e != epoch);
             if news {
                 let table = snap.grpc.clone();
                 let epoch = epoch.clone();
@@ -370,7 +371,7 @@ impl Session {
                 "Hello.gateway_id: must be 1 to {MAX_ID_LEN} bytes without control characters"
             )));
         }
-        let holds = (!hello.epoch.is_empty()).then(|| (hello.epoch.clone(), hello.version));
+        let holds = (!hello.epoch.is_empty()).then(|| (Arc::from(hello.epoch), hello.version));
         let report = Report {
             applied: holds.as_ref().map(|(_, v)| *v),
             rejected: None,
@@ -417,12 +418,18 @@ impl Session {
         Ok(())
     }
 
-    /// An Ack or Nack must name a table this session sent.
+    /// An Ack or Nack must name a table this session sent (most often the newest,
+    /// looked at first).
     fn was_sent(&self, what: &str, epoch: &str, version: u64) -> Result<(), End> {
-        if self.sent.iter().any(|(e, v)| e == epoch && *v == version) {
+        if self
+            .sent
+            .iter()
+            .rev()
+            .any(|(e, v)| *v == version && **e == *epoch)
+        {
             return Ok(());
         }
-        let problem = if self.sent.iter().any(|(e, _)| e == epoch) {
+        let problem = if self.sent.iter().any(|(e, _)| **e == *epoch) {
             format!("{what} for version {version}, which this stream never sent")
         } else {
             let truncated: String = epoch.chars().take(64).collect();

@@ -38,6 +38,19 @@ pub(crate) fn channel(config: &WatchConfig) -> Result<Channel, String> {
     Ok(endpoint.connect_lazy())
 }
 
+/// `Bearer <token>` for the stream's metadata, marked sensitive: kept out of debug
+/// output, and sent as a never-indexed HPACK literal so that it stays out of both
+/// ends' compression tables (RFC 7541, section 7.1.3), as reqwest sends it over HTTP.
+fn bearer(
+    token: &secrecy::SecretString,
+) -> Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>, WatchError> {
+    let mut value: tonic::metadata::MetadataValue<_> = format!("Bearer {}", token.expose_secret())
+        .parse()
+        .map_err(|_| WatchError::Grpc("the token is not a valid header value".into()))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 /// What the gateway says of a table it was sent.
 enum Answer {
     Ack,
@@ -66,10 +79,7 @@ impl Watcher {
             .expect("room for the first message");
         let mut call = tonic::Request::new(ReceiverStream::new(outbound));
         if let Some(token) = &self.config.token {
-            let value = format!("Bearer {}", token.expose_secret())
-                .parse()
-                .map_err(|_| WatchError::Grpc("the token is not a valid header value".into()))?;
-            call.metadata_mut().insert("authorization", value);
+            call.metadata_mut().insert("authorization", bearer(token)?);
         }
         let mut silence = 2 * self.config.heartbeat;
         let opened = tokio::time::timeout(silence, client.watch_routes(call))
@@ -147,4 +157,29 @@ fn request(kind: watch_request::Kind) -> v1::WatchRequest {
 /// A status that ended a stream, as a watch error.
 fn status(s: tonic::Status) -> WatchError {
     WatchError::Grpc(format!("{:?}: {}", s.code(), s.message()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_is_sensitive_and_never_shown() {
+        let token = secrecy::SecretString::from("rd-7f3a9c");
+        let value = bearer(&token).unwrap();
+        assert!(value.is_sensitive(), "sent never-indexed");
+        assert_eq!(value.to_str().unwrap(), "Bearer rd-7f3a9c");
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert("authorization", value);
+        let shown = format!("{metadata:?}");
+        assert!(!shown.contains("rd-7f3a9c"), "{shown}");
+    }
+
+    #[test]
+    fn a_token_that_cannot_be_a_header_is_refused_without_showing_it() {
+        let token = secrecy::SecretString::from("rd\nsecret");
+        let err = bearer(&token).unwrap_err().to_string();
+        assert!(err.contains("not a valid header value"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
 }

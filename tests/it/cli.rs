@@ -1,6 +1,9 @@
 //! `stanch check-config`, start-up refusals, and reloading the policy on SIGHUP.
 
 use std::process::Command;
+use std::time::Duration;
+
+use crate::ha::eventually;
 
 fn stanch() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stanch"))
@@ -117,17 +120,6 @@ fn routes(port: u16) -> Option<serde_json::Value> {
         .ok()
 }
 
-/// Polls `f` every 50 ms for up to 10 s.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if f() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    panic!("never: {what}");
-}
-
 /// SIGHUP puts the file's policy in force live; a file that does not validate changes
 /// nothing and the controller keeps running.
 #[test]
@@ -156,7 +148,9 @@ fn sighup_reloads_the_policy_and_an_invalid_file_changes_nothing() {
         assert!(sent.success());
     };
     let models = |port| routes(port).map(|r| r["models"].as_object().unwrap().len());
-    eventually("the controller serves", || models(port) == Some(1));
+    eventually(Duration::from_secs(10), "the controller serves", || {
+        (models(port) == Some(1)).then_some(())
+    });
 
     write(
         &dir,
@@ -164,7 +158,9 @@ fn sighup_reloads_the_policy_and_an_invalid_file_changes_nothing() {
         &format!("{one}  qwen-14b: {{pools: [dc-a]}}\n"),
     );
     hup(&child);
-    eventually("the new model is served", || models(port) == Some(2));
+    eventually(Duration::from_secs(10), "the new model is served", || {
+        (models(port) == Some(2)).then_some(())
+    });
     let version = routes(port).unwrap()["version"].clone();
 
     write(&dir, "stanch.yaml", "models: {}\n");

@@ -11,12 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::ha::eventually;
-use crate::process::{Server, client};
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/crates/stanch-server/tests/fixtures/alertmanager-v4-firing-failover.json"
-);
+use crate::process::Server;
 
 #[test]
 fn grpcio_reflects_checks_health_and_watches_with_acks() {
@@ -37,7 +32,7 @@ fn grpcio_reflects_checks_health_and_watches_with_acks() {
     let mut lines = BufReader::new(peer.stdout.take().unwrap()).lines();
     let ready = lines.next().expect("a line").unwrap();
     assert_eq!(ready, "ready", "the peer got its first table");
-    let published = fail_over(&server);
+    let published = server.fail_over();
     let seen: Value = serde_json::from_str(&lines.next().expect("a report").unwrap()).unwrap();
     assert!(peer.wait().unwrap().success());
 
@@ -273,7 +268,7 @@ fn a_buf_curl_session_over_tls_acks_and_nacks() {
         || gateway(&server).filter(|g| g["applied_version"] == held),
     );
 
-    let published = fail_over(&server);
+    let published = server.fail_over();
     let next = next_table();
     assert_eq!(next["version"], published.to_string(), "{next}");
     assert_eq!(
@@ -306,19 +301,6 @@ fn a_buf_curl_session_over_tls_acks_and_nacks() {
         ended.status.success(),
         "a half-closed stream ends cleanly: {ended:?}"
     );
-}
-
-/// Sends Alertmanager's webhook for a failover of the 72B model (the fixture); returns
-/// the version it published.
-fn fail_over(server: &Server) -> u64 {
-    let r = client()
-        .post(format!("{}/v1/alerts/alertmanager", server.base))
-        .bearer_auth("ing")
-        .body(std::fs::read(FIXTURE).unwrap())
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.json::<Value>().unwrap()["version"].as_u64().unwrap()
 }
 
 /// Runs a command of docs/api.md as written, through bash with `path` as `PATH`, the

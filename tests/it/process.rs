@@ -124,6 +124,19 @@ impl Server {
         (server, cert)
     }
 
+    /// Sends Alertmanager's webhook for a failover of the 72B model (the fixture);
+    /// returns the version it published.
+    pub(crate) fn fail_over(&self) -> u64 {
+        let r = client()
+            .post(format!("{}/v1/alerts/alertmanager", self.base))
+            .bearer_auth("ing")
+            .body(std::fs::read(FIXTURE).unwrap())
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().unwrap()["version"].as_u64().unwrap()
+    }
+
     pub(crate) fn routes(&self) -> Value {
         client()
             .get(format!("{}/v1/routes", self.base))
@@ -235,13 +248,7 @@ fn ctl_watch_follows_over_every_transport_and_status_shows_the_watchers() {
 fn kill_9_mid_incident_resumes_the_same_state() {
     let data = tempfile::tempdir().unwrap();
     let mut first = Server::start(data.path(), &[], "http");
-    let r = client()
-        .post(format!("{}/v1/alerts/alertmanager", first.base))
-        .bearer_auth("ing")
-        .body(std::fs::read(FIXTURE).unwrap())
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    first.fail_over();
     let out = first.ctl(&[
         "--token", "adm", "force", "qwen-14b", "static", "--ttl", "1h", "--reason", "drill",
     ]);

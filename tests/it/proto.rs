@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::chart::text;
+
 const PROTO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proto");
 const FIRST: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -25,14 +27,6 @@ fn run(dir: &Path, args: &[&str]) -> Output {
         .current_dir(dir)
         .output()
         .expect("buf runs")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]

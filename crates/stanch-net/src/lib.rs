@@ -677,6 +677,20 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// The cryptography of every TLS connection stanch accepts or makes: *ring*'s, for TLS
+/// 1.3 and 1.2 with X25519, P-256 and P-384 key exchange. rustls deprecates *ring*'s
+/// provider because it has no post-quantum key exchange (X25519MLKEM768); aws-lc-rs's
+/// has, and costs every build a C library with its own build system. A route table is
+/// not secret for long and a token can be rotated, so *ring* stays, in this one place
+/// (docs/operations.md, "TLS").
+#[expect(
+    deprecated,
+    reason = "ring's provider, chosen over aws-lc-rs's: no post-quantum key exchange"
+)]
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
 /// The certificates of a PEM file; an error names the file, and a file without any
 /// certificate is one.
 pub fn certificates(
@@ -706,8 +720,7 @@ pub fn tls_acceptor(
     use rustls::pki_types::pem::PemObject;
     let certs = certificates(cert)?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(crypto_provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_no_client_auth()

@@ -229,6 +229,11 @@ fn parse_one(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         headers.append(name, value);
     }
     let (framing, delimited) = framing(status, version, &headers)?;
+    // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3), and an intermediary
+    // removes the Content-Length before passing the message on (§6.1).
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     // RFC 9112 §9.3: `close` first, whatever else the header lists; then HTTP/1.1
     // persists, and HTTP/1.0 only with `keep-alive`.
     let persistent = !has_token(&headers, "close")
@@ -692,6 +697,20 @@ mod tests {
             parse_head(&mut BytesMut::from(upgrade), &mut 0),
             Err(Error::UnrequestedUpgrade)
         ));
+    }
+
+    #[test]
+    fn transfer_encoding_overrides_content_length_and_removes_it() {
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 9\r\ntransfer-encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(h.framing, Framing::Chunked(_)));
+        assert!(!h.headers.contains_key(header::CONTENT_LENGTH));
+        assert!(h.headers.contains_key(header::TRANSFER_ENCODING));
+        assert!(
+            !h.reusable,
+            "a message with both is suspect: its connection closes"
+        );
     }
 
     #[test]

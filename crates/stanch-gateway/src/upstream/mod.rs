@@ -143,8 +143,7 @@ pub(crate) fn tls_connector(ca_file: Option<&std::path::Path>) -> Result<TlsConn
                 .map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let mut config = rustls::ClientConfig::builder_with_provider(stanch_net::crypto_provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)

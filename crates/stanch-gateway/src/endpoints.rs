@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use hyper::header::{self, HeaderValue};
 use secrecy::SecretString;
-use stanch_api::Timestamp;
 use stanch_api::hash::Fnv64;
+use stanch_api::{RouteTable, Timestamp};
 use tokio::time::Instant;
 
 use crate::config::BlockingPolicy;
@@ -340,6 +340,25 @@ impl Endpoint {
     pub fn blocked(&self, now: Instant) -> Option<Instant> {
         let h = self.health.lock().expect("endpoint lock");
         h.blocked_until.filter(|u| *u > now)
+    }
+
+    /// The block the route table puts on this endpoint for its model at `now`, if any.
+    pub fn blocked_by(&self, table: &RouteTable, now: Timestamp) -> Option<Timestamp> {
+        table
+            .blocked
+            .iter()
+            .filter(|b| b.until > now && b.model.as_ref().is_none_or(|m| *m == self.model))
+            // A block names the endpoint by URL or by host:port, which the URL ends with
+            // right after `//` (compared in place: this runs for every candidate).
+            .filter(|b| {
+                self.url == b.endpoint
+                    || self
+                        .url
+                        .strip_suffix(b.endpoint.as_str())
+                        .is_some_and(|scheme| scheme.ends_with("//"))
+            })
+            .map(|b| b.until)
+            .min()
     }
 
     /// What choosing needs to know of this endpoint at `now`, read under one lock:
@@ -682,6 +701,58 @@ mod tests {
 
     fn ep(url: &str, alone: bool) -> Endpoint {
         endpoint(url, 1, None, alone).unwrap()
+    }
+
+    #[test]
+    fn a_table_block_names_an_endpoint_by_url_or_host_and_port() {
+        let e = Endpoint::new(
+            "http://10.0.0.7:8000",
+            "qwen-72b",
+            "dc-a",
+            1,
+            10,
+            None,
+            None,
+            false,
+            &Connector::testing(),
+        )
+        .unwrap();
+        use stanch_api::BlockedEndpoint;
+        let block = |endpoint: &str, model: Option<&str>, until: i64| BlockedEndpoint {
+            endpoint: endpoint.to_owned(),
+            model: model.map(str::to_owned),
+            until: Timestamp::from_millis(until),
+            reason: "test".into(),
+        };
+        let table = |blocked: Vec<BlockedEndpoint>| RouteTable {
+            version: 1,
+            epoch: "e".into(),
+            hash: String::new(),
+            generated_at: Timestamp::from_millis(0),
+            models: Default::default(),
+            blocked,
+        };
+        let now = Timestamp::from_millis(1_000);
+        let blocked = |b: BlockedEndpoint| e.blocked_by(&table(vec![b]), now);
+        assert_eq!(
+            blocked(block("http://10.0.0.7:8000", None, 2_000)),
+            Some(Timestamp::from_millis(2_000))
+        );
+        assert_eq!(
+            blocked(block("10.0.0.7:8000", Some("qwen-72b"), 3_000)),
+            Some(Timestamp::from_millis(3_000))
+        );
+        assert_eq!(
+            blocked(block("0.0.7:8000", None, 2_000)),
+            None,
+            "a suffix is not a host"
+        );
+        assert_eq!(
+            blocked(block("10.0.0.7:8000", Some("qwen-14b"), 2_000)),
+            None,
+            "another model"
+        );
+        assert_eq!(blocked(block("10.0.0.7:8000", None, 500)), None, "expired");
     }
 
     /// Records `outcome`, sent and known at `now` (taking no time).

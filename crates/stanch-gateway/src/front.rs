@@ -13,10 +13,9 @@ use axum::routing::get;
 use tokio::time::Instant;
 
 use crate::Gateway;
-use crate::admit::Api;
 use crate::config::is_glob;
 use crate::metrics::{EndpointLabels, WorkerLabel};
-use crate::route::table_block;
+use crate::request::Api;
 
 /// The gateway's service. The three proxied routes are nearly every request, and are
 /// served here directly (other methods on them get 405); the rest go through the
@@ -93,7 +92,7 @@ fn status_value(gw: &Gateway) -> serde_json::Value {
         .endpoints()
         .map(|e| {
             let mut s = serde_json::to_value(e.status(now, slow_start)).unwrap_or_default();
-            if let Some(until) = table.as_ref().and_then(|t| table_block(t, e, wall)) {
+            if let Some(until) = table.as_ref().and_then(|t| e.blocked_by(t, wall)) {
                 s["table_blocked_until"] = serde_json::json!(until);
             }
             s
@@ -177,7 +176,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         let locally = e.blocked(now).is_some();
         let by_table = table
             .as_ref()
-            .is_some_and(|t| table_block(t, e, wall).is_some());
+            .is_some_and(|t| e.blocked_by(t, wall).is_some());
         gw.metrics
             .endpoint_blocked
             .get_or_create(&labels)

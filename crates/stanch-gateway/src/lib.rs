@@ -18,13 +18,16 @@ pub mod outcome;
 mod per_worker;
 mod window;
 
-// A request's way through the gateway, in order.
+// A request's way through the gateway: the front, admission, the route table's word,
+// the plan served attempt by attempt, a stream or a whole answer; and what it carries.
 mod admit;
 mod attempt;
 mod error;
 mod front;
+mod request;
 mod respond;
 mod route;
+mod serve;
 mod stream;
 mod upstream;
 

@@ -11,10 +11,10 @@ use stanch_api::headers::{DEGRADED, ROUTE_VERSION};
 use tracing::info;
 
 use crate::Gateway;
-use crate::admit::{Api, Ctx, Refusal};
 use crate::endpoints::Endpoint;
 use crate::headers::REQUEST_ID;
 use crate::metrics::{KindLabel, ModelLabel, RequestLabels};
+use crate::request::{Api, Ctx, Refusal};
 
 /// Header names, parsed once: a `&str` name is parsed again on every insert.
 static ROUTE_VERSION_HEADER: HeaderName = HeaderName::from_static(ROUTE_VERSION);

@@ -3,15 +3,26 @@
 //! The table's entry for the model (honoured only within its lease: past it, routing
 //! is as if there were no table, fail-open) puts it on a rung of the ladder: normal or
 //! failover (its pools, the table's active pool first), degraded (its alias, unless the
-//! caller is exempt), or static (the FAQ). What serves the request then becomes a plan:
-//! the (model, pool) pairs to try in order, which [`crate::attempt`] works through.
+//! caller is exempt), or static (the FAQ). What serves the request then becomes a
+//! [`plan`]: the (model, pool) targets to try in order, which [`crate::serve`] works
+//! through.
 
 use stanch_api::{ModelRoute, RouteTable, Rung, Timestamp};
 
 use crate::Gateway;
-use crate::admit::Ctx;
-use crate::endpoints::Endpoint;
 use crate::metrics::ModelLabel;
+use crate::request::Ctx;
+
+/// A (model, pool index) of a plan.
+pub(crate) type Target<'g> = (&'g str, usize);
+
+/// What serves an admitted request.
+pub(crate) enum Route<'g> {
+    /// The FAQ: this set, if the table names one.
+    Faq(Option<String>),
+    /// The plan of the model that serves it (`Ctx::serving`, set here).
+    Plan(Vec<Target<'g>>),
+}
 
 /// What the table's word on a model comes to.
 #[derive(Debug, PartialEq, Eq)]
@@ -22,10 +33,11 @@ enum Decision<'g> {
     Faq(Option<String>),
 }
 
-/// Routes an admitted request and answers it.
-pub(crate) async fn route(ctx: &mut Ctx<'_>) -> axum::response::Response {
+/// Routes an admitted request: the model that serves it (its own, or its alias,
+/// counted, while degraded) and its plan, or the FAQ.
+pub(crate) fn route<'g>(ctx: &mut Ctx<'g>) -> Route<'g> {
     match decide(ctx) {
-        Decision::Faq(set) => crate::respond::faq(ctx, set.as_deref(), "static"),
+        Decision::Faq(set) => Route::Faq(set),
         Decision::Serve { model, degraded } => {
             if degraded {
                 ctx.degraded = true;
@@ -38,7 +50,7 @@ pub(crate) async fn route(ctx: &mut Ctx<'_>) -> axum::response::Response {
                     .inc();
             }
             ctx.serving = model;
-            crate::attempt::serve(ctx).await
+            Route::Plan(plan(ctx.gw, model, ctx.table.as_deref(), ctx.wall))
         }
     }
 }
@@ -91,7 +103,7 @@ fn decide<'g>(ctx: &Ctx<'g>) -> Decision<'g> {
 
 /// The table's entry for `model`, unless its lease has passed: an expired entry is not
 /// honoured, and routing falls back to normal (fail-open).
-pub(crate) fn honoured<'t>(
+fn honoured<'t>(
     table: Option<&'t RouteTable>,
     model: &str,
     wall: Timestamp,
@@ -106,7 +118,7 @@ pub(crate) fn plan<'g>(
     model: &str,
     table: Option<&RouteTable>,
     wall: Timestamp,
-) -> Vec<(&'g str, usize)> {
+) -> Vec<Target<'g>> {
     let mut out = Vec::new();
     let Some((model, config)) = gw.config.models.get_key_value(model) else {
         return out;
@@ -126,81 +138,4 @@ pub(crate) fn plan<'g>(
         );
     }
     out
-}
-
-/// The block the route table puts on an endpoint for its model, if any.
-pub(crate) fn table_block(table: &RouteTable, e: &Endpoint, now: Timestamp) -> Option<Timestamp> {
-    table
-        .blocked
-        .iter()
-        .filter(|b| b.until > now && b.model.as_ref().is_none_or(|m| *m == e.model))
-        // A block names the endpoint by URL or by host:port, which the URL ends with
-        // right after `//` (compared in place: this runs for every candidate).
-        .filter(|b| {
-            e.url == b.endpoint
-                || e.url
-                    .strip_suffix(b.endpoint.as_str())
-                    .is_some_and(|scheme| scheme.ends_with("//"))
-        })
-        .map(|b| b.until)
-        .min()
-}
-
-#[cfg(test)]
-mod tests {
-    use stanch_api::{BlockedEndpoint, RouteTable, Timestamp};
-
-    use super::table_block;
-    use crate::endpoints::Endpoint;
-
-    #[test]
-    fn a_table_block_names_an_endpoint_by_url_or_host_and_port() {
-        let e = Endpoint::new(
-            "http://10.0.0.7:8000",
-            "qwen-72b",
-            "dc-a",
-            1,
-            10,
-            None,
-            None,
-            false,
-            &crate::upstream::Connector::testing(),
-        )
-        .unwrap();
-        let block = |endpoint: &str, model: Option<&str>, until: i64| BlockedEndpoint {
-            endpoint: endpoint.to_owned(),
-            model: model.map(str::to_owned),
-            until: Timestamp::from_millis(until),
-            reason: "test".into(),
-        };
-        let table = |blocked: Vec<BlockedEndpoint>| RouteTable {
-            version: 1,
-            epoch: "e".into(),
-            hash: String::new(),
-            generated_at: Timestamp::from_millis(0),
-            models: Default::default(),
-            blocked,
-        };
-        let now = Timestamp::from_millis(1_000);
-        let blocked = |b: BlockedEndpoint| table_block(&table(vec![b]), &e, now);
-        assert_eq!(
-            blocked(block("http://10.0.0.7:8000", None, 2_000)),
-            Some(Timestamp::from_millis(2_000))
-        );
-        assert_eq!(
-            blocked(block("10.0.0.7:8000", Some("qwen-72b"), 3_000)),
-            Some(Timestamp::from_millis(3_000))
-        );
-        assert_eq!(
-            blocked(block("0.0.7:8000", None, 2_000)),
-            None,
-            "a suffix is not a host"
-        );
-        assert_eq!(
-            blocked(block("10.0.0.7:8000", Some("qwen-14b"), 2_000)),
-            None,
-            "another model"
-        );
-        assert_eq!(blocked(block("10.0.0.7:8000", None, 500)), None, "expired");
-    }
 }

@@ -9,6 +9,7 @@
 //! `data: [DONE]` is complete: the gateway adds `[DONE]` promptly. Events are read by
 //! [`sse`], which sees only what it must (a chunk's end, `[DONE]`, errors).
 
+pub(crate) mod continuation;
 mod relay;
 pub(crate) mod resume;
 pub(crate) mod sse;
@@ -25,13 +26,14 @@ use stanch_net::timer::timeout_at;
 use tokio::time::Instant;
 
 use crate::Gateway;
-use crate::admit::{Api, Ctx};
-use crate::attempt::{Attempted, Resume, record};
+use crate::attempt::record;
 use crate::endpoints::{Endpoint, InFlight};
 use crate::error::Failure;
 use crate::headers;
 use crate::outcome::Outcome;
+use crate::request::{Api, Ctx};
 use crate::upstream;
+use continuation::{Attempted, Resume};
 use relay::{End, Open, Relay, Relayed, Request};
 use resume::Transcript;
 

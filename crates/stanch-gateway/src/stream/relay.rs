@@ -18,11 +18,12 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::continuation::{Continued, Resume, continuation};
 use super::resume::{How, Splice, Spliced, Transcript};
 use super::sse::{Event, Parser};
 use super::{DONE, DONE_GRACE};
 use crate::Gateway;
-use crate::attempt::{Continued, Resume, record_latency};
+use crate::attempt::record_latency;
 use crate::config::Timeouts;
 use crate::endpoints::{Endpoint, InFlight, Work};
 use crate::metrics::ResumeLabels;
@@ -317,9 +318,7 @@ impl Relayed {
         }
         self.broke = Some(outcome.clone());
         self.waiting = None;
-        self.seeking = Some(Box::pin(crate::attempt::continuation(
-            *resume, text, tokens,
-        )));
+        self.seeking = Some(Box::pin(continuation(*resume, text, tokens)));
         true
     }
 

@@ -26,8 +26,8 @@ use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use super::sse::Text;
-use crate::admit::Api;
 use crate::config::Prefill;
+use crate::request::Api;
 
 /// What the caller has of a stream's answer.
 #[derive(Debug)]

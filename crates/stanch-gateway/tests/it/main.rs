@@ -5,6 +5,7 @@ mod connections;
 mod failures;
 mod fleet;
 mod headers;
+mod layers;
 mod process;
 mod rescue;
 mod resume;

@@ -8,7 +8,7 @@
 //!
 //! A gateway never waits on this client: [`Routes::current`] is a lock-free load.
 //!
-//! With feature `kubernetes`, [`start_from_resource`] follows the route-table resource
+//! With feature `kubernetes`, `start_from_resource` follows the route-table resource
 //! through the Kubernetes API instead, by the same rules; without it, nothing of kube
 //! is linked.
 

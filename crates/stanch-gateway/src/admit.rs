@@ -4,7 +4,7 @@
 //! serves. A request that falls short is refused with a [`Refusal`]: the caller's
 //! fault, never an upstream's, and never routed. One that passes becomes a [`Ctx`],
 //! which carries it through routing ([`crate::route`]) to its answer: from the FAQ,
-//! or from the plan that [`crate::serve`] works through.
+//! or from the plan that [`crate::serving`] works through.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -53,7 +53,7 @@ pub(crate) fn handle(
         };
         match crate::route::route(&mut ctx) {
             Route::Faq(set) => crate::respond::faq(&ctx, set.as_deref(), "static"),
-            Route::Plan(targets) => crate::serve::serve(&mut ctx, targets).await,
+            Route::Plan(targets) => crate::serving::serve(&mut ctx, targets).await,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! that says what trying again can do. Every outcome is counted and fed to the
 //! endpoint's passive blocking ([`record`]).
 //!
-//! A request's attempts are made by [`crate::serve`], working through its plan, and by
+//! A request's attempts are made by [`crate::serving`], working through its plan, and by
 //! a broken stream looking for its continuation ([`crate::stream::continuation`]).
 
 use std::sync::Arc;

@@ -27,7 +27,7 @@ mod front;
 mod request;
 mod respond;
 mod route;
-mod serve;
+mod serving;
 mod stream;
 mod upstream;
 

@@ -4,7 +4,7 @@
 //! is as if there were no table, fail-open) puts it on a rung of the ladder: normal or
 //! failover (its pools, the table's active pool first), degraded (its alias, unless the
 //! caller is exempt), or static (the FAQ). What serves the request then becomes a
-//! [`plan`]: the (model, pool) targets to try in order, which [`crate::serve`] works
+//! [`plan`]: the (model, pool) targets to try in order, which [`crate::serving`] works
 //! through.
 
 use stanch_api::{ModelRoute, RouteTable, Rung, Timestamp};

@@ -69,7 +69,8 @@ pub fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= MAX_ID_LEN && !id.chars().any(char::is_control)
 }
 
-/// `reason` as kept: control characters as spaces, at most [`MAX_REASON_CHARS`].
+/// `reason` as kept: control characters as spaces, at most 256 characters
+/// (`MAX_REASON_CHARS`).
 pub fn clean_reason(reason: &str) -> String {
     let reason = reason.trim();
     let reason = if reason.is_empty() {

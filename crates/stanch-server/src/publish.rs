@@ -120,7 +120,7 @@ impl Publisher {
     }
 
     /// A publisher with no table yet: `placeholder` stands in for status and metrics
-    /// until the first [`Publisher::publish`], and [`Publisher::table`] is `None`.
+    /// until the engine task first publishes, and [`Publisher::table`] is `None`.
     pub fn pending(placeholder: Snapshot) -> Publisher {
         let publisher = Publisher::new(placeholder);
         publisher.held.store(false, Ordering::Relaxed);

@@ -1,4 +1,4 @@
-//! Serve: the plan's targets in order, an endpoint at a time, until one answers.
+//! Serving: the plan's targets in order, an endpoint at a time, until one answers.
 //!
 //! Each attempt is [`crate::attempt`]'s: the balancer's choice among the endpoints
 //! not yet tried, after a backoff and from the retry budget, within the request's

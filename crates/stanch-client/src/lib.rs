@@ -445,9 +445,10 @@ impl Watcher {
         self.applier.receive(bytes).map_err(WatchError::Table)
     }
 
-    /// The long-poll URL: wait for a version after the one applied, or after the one
-    /// refused if that is newer, so a refused table is not fetched again at once.
-    fn poll_url(&self, wait: Duration) -> String {
+    /// The long-poll request: wait for a version after the one applied, or after the
+    /// one refused if that is newer, so a refused table is not fetched again at once.
+    /// The epoch is whatever the controller sent, so it goes in query-encoded.
+    fn poll(&self, wait: Duration) -> reqwest::RequestBuilder {
         let have = self.applier.current.load();
         let after = match (have.as_ref(), &self.applier.rejected) {
             (Some(t), Some(r)) if r.epoch != t.epoch || r.version > t.version => {
@@ -457,20 +458,21 @@ impl Watcher {
             (None, Some(r)) => Some((r.version, r.epoch.as_str())),
             (None, None) => None,
         };
+        let request = self.request(format!("{}/v1/routes", self.config.url));
         match after {
-            Some((version, epoch)) => format!(
-                "{}/v1/routes?after={version}&epoch={epoch}&wait={}ms",
-                self.config.url,
-                wait.as_millis()
-            ),
-            None => format!("{}/v1/routes", self.config.url),
+            Some((version, epoch)) => request.query(&[
+                ("after", version.to_string().as_str()),
+                ("epoch", epoch),
+                ("wait", &format!("{}ms", wait.as_millis())),
+            ]),
+            None => request,
         }
     }
 
     async fn long_poll(&mut self) -> Result<(), WatchError> {
         let wait = self.config.long_poll_wait;
         let response = self
-            .request(self.poll_url(wait))
+            .poll(wait)
             .timeout(wait + wait.min(LONG_POLL_GRACE))
             .send()
             .await?;
@@ -491,7 +493,7 @@ impl Watcher {
     /// up after `within`: a controller gone silent must not hold the watch up.
     async fn acknowledge(&self, within: Duration) {
         let _ = self
-            .request(self.poll_url(Duration::ZERO))
+            .poll(Duration::ZERO)
             .timeout(within.min(Duration::from_secs(5)))
             .send()
             .await;
@@ -500,7 +502,11 @@ impl Watcher {
     async fn follow_sse(&mut self) -> Result<(), WatchError> {
         let mut req = self.request(format!("{}/v1/routes/stream", self.config.url));
         if let Some(t) = self.applier.current.load().as_ref() {
-            req = req.header("last-event-id", t.version);
+            // The version alone would not tell a table of another epoch (a controller
+            // that lost its state and counted again) that happens to have that number.
+            req = req
+                .header("last-event-id", t.version)
+                .query(&[("epoch", t.epoch.as_str())]);
         }
         // Until the controller says its interval, the configured one bounds the wait
         // for its answer.

@@ -660,3 +660,102 @@ async fn a_silent_grpc_stream_is_dropped_and_reopened_within_two_heartbeats() {
     reopened_every_two_heartbeats(&gaps);
     assert!(routes.current().is_some(), "the table stays applied");
 }
+
+/// The epoch a gateway resumes from is the controller's own, whatever it holds:
+/// long-poll and SSE send it query-encoded, so the controller reads back the same
+/// string (a `+` or `&` sent raw would read as another epoch, every wait answered at
+/// once as news).
+async fn resumes_with_the_epoch_as_sent(transport: Transport) {
+    use axum::extract::{Query, State};
+    use axum::http::HeaderMap;
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use std::collections::HashMap;
+    type Seen = Arc<std::sync::Mutex<Vec<HashMap<String, String>>>>;
+
+    const EPOCH: &str = "e+1 &epoch=x#y%";
+    let (_controller, real) = controller().await;
+    let mut table: Value = reqwest::get(format!("{real}/v1/routes"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    table["epoch"] = EPOCH.into();
+    let table = table.to_string();
+
+    async fn routes(
+        State((seen, table)): State<(Seen, String)>,
+        Query(query): Query<HashMap<String, String>>,
+    ) -> axum::response::Response {
+        let resumed = query.contains_key("after");
+        let mut query = query;
+        query.insert("path".into(), "/v1/routes".into());
+        seen.lock().unwrap().push(query);
+        if resumed {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            axum::http::StatusCode::NOT_MODIFIED.into_response()
+        } else {
+            ([("content-type", "application/json")], table).into_response()
+        }
+    }
+    async fn stream(
+        State((seen, table)): State<(Seen, String)>,
+        Query(mut query): Query<HashMap<String, String>>,
+        headers: HeaderMap,
+    ) -> axum::response::Response {
+        if let Some(id) = headers.get("last-event-id") {
+            query.insert("last-event-id".into(), id.to_str().unwrap().into());
+        }
+        query.insert("path".into(), "/v1/routes/stream".into());
+        seen.lock().unwrap().push(query);
+        // One event, then the stream ends: the gateway comes back resuming.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (
+            [("content-type", "text/event-stream")],
+            format!("event: routes\nid: 1\ndata: {table}\n\n"),
+        )
+            .into_response()
+    }
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/routes", get(routes))
+        .route("/v1/routes/stream", get(stream))
+        .with_state((seen.clone(), table));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut config = WatchConfig::new(&url, "gw-epoch");
+    config.transport = transport;
+    let (routes, task) = stanch_client::start(config, None);
+    let (path, by) = match transport {
+        Transport::LongPoll => ("/v1/routes", "after"),
+        _ => ("/v1/routes/stream", "last-event-id"),
+    };
+    let resumed = |q: &HashMap<String, String>| q["path"] == path && q.contains_key(by);
+    eventually("the gateway resumes", || async {
+        seen.lock().unwrap().iter().any(resumed)
+    })
+    .await;
+    task.abort();
+    let applied = routes.current().expect("the table is applied");
+    assert_eq!(applied.epoch, EPOCH);
+    let seen = seen.lock().unwrap();
+    let resumed = seen.iter().find(|q| resumed(q)).unwrap();
+    assert_eq!(
+        resumed.get("epoch").map(String::as_str),
+        Some(EPOCH),
+        "{seen:?}"
+    );
+    assert_eq!(resumed[by], applied.version.to_string(), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_long_poll_resumes_with_the_epoch_as_sent() {
+    resumes_with_the_epoch_as_sent(Transport::LongPoll).await;
+}
+
+#[tokio::test]
+async fn an_sse_stream_resumes_with_the_epoch_as_sent() {
+    resumes_with_the_epoch_as_sent(Transport::Sse).await;
+}

@@ -137,15 +137,27 @@ fn jittered(wait: Duration, state: &AppState, headers: &HeaderMap) -> Duration {
 /// An SSE comment line that keeps idle streams open through proxies.
 const HEARTBEAT: &[u8] = b":heartbeat\n\n";
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StreamQuery {
+    /// The epoch of the version in `Last-Event-ID`.
+    epoch: Option<String>,
+}
+
 /// `GET /v1/routes/stream`: one SSE event per version, `id:` the version.
+///
+/// A watcher resumes with `Last-Event-ID: <version>` and, so that a table of another
+/// epoch with the same number is not taken for the one it holds, `?epoch=<epoch>`.
 ///
 /// Each event is rendered once per version and the same buffer is sent to every
 /// watcher, so a thousand watchers cost a thousand reference counts, not a thousand
 /// copies of the table.
 pub(super) async fn stream(
     State(state): State<AppState>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
     let gateway = state
         .gateways
         .observe(&headers, WatchTransport::Sse, state.clock.now())
@@ -160,8 +172,9 @@ pub(super) async fn stream(
     let watch = SseWatch {
         rx: state.publisher.subscribe(),
         publisher: Arc::clone(&state.publisher),
-        // A resumed stream knows the version it has, not its epoch.
-        sent: resume.map(|v| (None, v)),
+        // A stream resumed without its epoch (an `EventSource`, an older gateway)
+        // takes the version for the current epoch's.
+        sent: resume.map(|v| (query.epoch, v)),
         heartbeat: tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat),
         _guard: guard,
     };

@@ -106,6 +106,9 @@ async fn bad_watch_queries_are_400() {
     assert_eq!(r.status(), 400);
     let r = h.get("/v1/routes?aftr=1", Some(READ)).await;
     assert_eq!(r.status(), 400);
+    let r = h.get("/v1/routes/stream?after=1", Some(READ)).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("after"));
 }
 
 /// Reads SSE events (`id`, `data`) from a response body.
@@ -204,6 +207,38 @@ async fn sse_streams_every_version_and_resumes() {
         .await
         .expect("the next version");
     assert_eq!(id, new + 1);
+}
+
+/// A resumed stream names the epoch of its version: the same number from another
+/// epoch (a controller that lost its state and counted again) is another table.
+#[tokio::test]
+async fn sse_resumes_by_epoch_and_version() {
+    let h = Harness::start().await;
+    let table = h.routes().await;
+    let (v, epoch) = (
+        table["version"].as_u64().unwrap(),
+        table["epoch"].as_str().unwrap(),
+    );
+    let resume = |epoch: &str| {
+        h.http
+            .get(h.url("/v1/routes/stream"))
+            .query(&[("epoch", epoch)])
+            .bearer_auth(READ)
+            .header("last-event-id", v.to_string())
+            .send()
+    };
+    let mut same = Events::new(resume(epoch).await.unwrap());
+    assert!(
+        same.next(Duration::from_millis(300)).await.is_none(),
+        "the table it holds is not sent again"
+    );
+    // An epoch with characters a query must encode, as a client sends it.
+    let mut other = Events::new(resume("e+0 &#").await.unwrap());
+    let (id, sent) = other
+        .next(Duration::from_secs(2))
+        .await
+        .expect("the same number from another epoch is news");
+    assert_eq!((id, &sent["epoch"]), (v, &table["epoch"]));
 }
 
 #[tokio::test]

@@ -17,10 +17,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use arc_swap::ArcSwap;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Query, Request, State};
+use axum::http::request::Parts;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
 use stanch_api::admin::{
     BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest, ThawRequest,
     UnblockAllRequest,
@@ -248,6 +250,22 @@ impl axum::extract::FromRequest<AppState> for Body {
             Err(BodyError::Broken(_)) => Err(ApiError::invalid(
                 "body: the connection broke or the body ended before its declared length",
             )),
+        }
+    }
+}
+
+/// A query string parsed into `T`: one that does not parse (an unknown parameter, a
+/// value of the wrong type) is a 400 that says which, in the same error shape as a
+/// bad body, not axum's plain-text rejection.
+pub(crate) struct Params<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Params<T>, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(query)) => Ok(Params(query)),
+            Err(e) => Err(ApiError::invalid(format!("query: {}", e.body_text()))),
         }
     }
 }

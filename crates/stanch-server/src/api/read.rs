@@ -1,14 +1,13 @@
 //! Status, history, metrics and probes.
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use stanch_api::status::{StatusReport, StoreStatus};
 
-use super::AppState;
+use super::{AppState, Params};
 use crate::error::ApiError;
 use crate::history::Page;
 
@@ -58,9 +57,8 @@ pub(super) struct HistoryQuery {
 /// `GET /v1/history`
 pub(super) async fn history(
     State(state): State<AppState>,
-    query: Result<Query<HistoryQuery>, QueryRejection>,
+    Params(q): Params<HistoryQuery>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let page = Page {
         limit,

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
@@ -19,7 +18,7 @@ use stanch_api::HumanDuration;
 use stanch_api::hash::Fnv64;
 use stanch_api::status::WatchTransport;
 
-use super::{AppState, WatcherGuard};
+use super::{AppState, Params, WatcherGuard};
 use crate::error::ApiError;
 use crate::publish::Snapshot;
 
@@ -60,10 +59,9 @@ fn table_response(snap: &Snapshot, status: StatusCode) -> Response {
 /// `GET /v1/routes`, with `?after=V&wait=30s` for a long-poll.
 pub(super) async fn routes(
     State(state): State<AppState>,
-    query: Result<Query<RoutesQuery>, QueryRejection>,
+    Params(query): Params<RoutesQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
     let transport = if query.after.is_some() {
         WatchTransport::LongPoll
     } else {
@@ -154,10 +152,9 @@ pub(super) struct StreamQuery {
 /// copies of the table.
 pub(super) async fn stream(
     State(state): State<AppState>,
-    query: Result<Query<StreamQuery>, QueryRejection>,
+    Params(query): Params<StreamQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::invalid(format!("query: {}", e.body_text())))?;
     let gateway = state
         .gateways
         .observe(&headers, WatchTransport::Sse, state.clock.now())

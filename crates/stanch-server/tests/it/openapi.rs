@@ -7,13 +7,18 @@ use serde_yaml::Value;
 
 use crate::support::*;
 
-fn documented() -> BTreeSet<(String, String)> {
+/// docs/openapi.yaml, parsed.
+fn document() -> Value {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../docs/openapi.yaml"
     ))
     .unwrap();
-    let doc: Value = serde_yaml::from_str(&text).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn documented() -> BTreeSet<(String, String)> {
+    let doc = document();
     let mut ops = BTreeSet::new();
     for (path, item) in doc["paths"].as_mapping().unwrap() {
         for (method, _) in item.as_mapping().unwrap() {
@@ -28,12 +33,7 @@ fn documented() -> BTreeSet<(String, String)> {
 
 /// `path` with each `{parameter}` replaced by its example in the document.
 fn example_path(path: &str) -> String {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../docs/openapi.yaml"
-    ))
-    .unwrap();
-    let doc: Value = serde_yaml::from_str(&text).unwrap();
+    let doc = document();
     let mut out = path.to_owned();
     for op in doc["paths"][path].as_mapping().unwrap().values() {
         for p in op["parameters"].as_sequence().into_iter().flatten() {
@@ -86,12 +86,7 @@ async fn the_document_matches_the_router() {
 #[tokio::test]
 async fn documented_security_is_enforced() {
     let h = Harness::start().await;
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../docs/openapi.yaml"
-    ))
-    .unwrap();
-    let doc: Value = serde_yaml::from_str(&text).unwrap();
+    let doc = document();
     for (path, item) in doc["paths"].as_mapping().unwrap() {
         for (method, op) in item.as_mapping().unwrap() {
             let (method, path) = (
@@ -109,4 +104,68 @@ async fn documented_security_is_enforced() {
             }
         }
     }
+}
+
+/// A value of `schema`'s type, for a query parameter.
+fn example_value(schema: &Value) -> &'static str {
+    match (schema["type"].as_str(), schema["$ref"].as_str()) {
+        (Some("integer"), _) => "0",
+        (Some("string"), _) => "x",
+        (_, Some("#/components/schemas/Duration")) => "1s",
+        other => panic!("no example for a query parameter of schema {other:?}"),
+    }
+}
+
+/// `query` is answered 400, in the API's error shape, with a detail that names `names`.
+async fn refused(h: &Harness, query: &str, names: &str) {
+    let r = h.get(query, Some(READ)).await;
+    assert_eq!(r.status(), 400, "{query}");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "invalid_payload", "{query}: {body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains(names), "{query}: {detail:?} names {names}");
+}
+
+/// Every query parameter the document names is accepted; anything else, and a value
+/// of the wrong type, is a 400 in the API's error shape that names the parameter, on
+/// every route that takes a query.
+#[tokio::test]
+async fn documented_query_parameters_are_the_ones_served() {
+    let h = Harness::start().await;
+    let doc = document();
+    let mut routes = 0;
+    for (path, item) in doc["paths"].as_mapping().unwrap() {
+        let path = path.as_str().unwrap();
+        let Some(op) = item.get("get") else { continue };
+        let params: Vec<(String, &'static str)> = op["parameters"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["in"] == "query")
+            .map(|p| {
+                let name = p["name"].as_str().unwrap().to_owned();
+                (name, example_value(&p["schema"]))
+            })
+            .collect();
+        if params.is_empty() {
+            continue;
+        }
+        routes += 1;
+        let all: Vec<String> = params.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let r = h
+            .get(&format!("{path}?{}", all.join("&")), Some(READ))
+            .await;
+        assert_eq!(r.status(), 200, "{path}?{}", all.join("&"));
+        drop(r);
+        refused(&h, &format!("{path}?undocumented=1"), "undocumented").await;
+        for (name, value) in &params {
+            if *value == "0" {
+                refused(&h, &format!("{path}?{name}=none"), name).await;
+            }
+        }
+    }
+    assert_eq!(
+        routes, 3,
+        "/v1/routes, /v1/routes/stream and /v1/history take a query"
+    );
 }

@@ -15,9 +15,6 @@ use stanch_api::status::{GatewayStatus, WatchTransport};
 
 use crate::metrics::Metrics;
 
-/// Gateways remembered at most; the longest unseen of those without a watch open is
-/// forgotten first.
-const MAX_GATEWAYS: usize = 10_000;
 /// A gateway with no watch open, unheard of for this long, is `stale`. Long-poll
 /// gateways ask again at least every `watch.max_wait` (60 s at most by default).
 pub const STALE_AFTER_SECS: u64 = 120;
@@ -52,6 +49,8 @@ pub struct Report {
 #[derive(Debug)]
 pub struct Gateways {
     seen: Mutex<HashMap<String, Seen>>,
+    /// Gateways remembered at most (see [`Gateways::new`]).
+    capacity: usize,
     /// Where refusals are counted and the fleet's gauges set.
     metrics: Arc<Metrics>,
 }
@@ -86,10 +85,14 @@ pub fn clean_reason(reason: &str) -> String {
 }
 
 impl Gateways {
-    /// No gateway seen yet.
-    pub fn new(metrics: Arc<Metrics>) -> Gateways {
+    /// No gateway seen yet. At most `max_watchers` watches are open at once
+    /// (`watch.max_watchers`); twice as many gateways are remembered, so that when the
+    /// list is full there is always one without a watch open to forget, and a gateway
+    /// holding a watch is never dropped from it, however large the fleet.
+    pub fn new(metrics: Arc<Metrics>, max_watchers: usize) -> Gateways {
         Gateways {
             seen: Mutex::default(),
+            capacity: max_watchers.saturating_mul(2).max(2),
             metrics,
         }
     }
@@ -128,13 +131,8 @@ impl Gateways {
         let entry = match seen.get_mut(id) {
             Some(entry) => entry,
             None => {
-                if seen.len() >= MAX_GATEWAYS
-                    && let Some(oldest) = seen
-                        .iter()
-                        .min_by_key(|(_, s)| (s.open > 0, s.last_seen))
-                        .map(|(k, _)| k.clone())
-                {
-                    seen.remove(&oldest);
+                if seen.len() >= self.capacity && !make_room(&mut seen, self.capacity) {
+                    return;
                 }
                 seen.entry(id.to_owned()).or_insert(Seen {
                     transport,
@@ -248,6 +246,31 @@ impl Gateways {
     }
 }
 
+/// Forgets the longest unseen gateways without a watch open, a sixteenth of
+/// `capacity` at a time, so that a full list pays for one scan every so many new
+/// gateways, not one for each. `false` if every gateway holds a watch (which
+/// [`Gateways::new`]'s capacity rules out).
+fn make_room(seen: &mut HashMap<String, Seen>, capacity: usize) -> bool {
+    let mut closed: Vec<(Timestamp, &String)> = seen
+        .iter()
+        .filter(|(_, s)| s.open == 0)
+        .map(|(id, s)| (s.last_seen, id))
+        .collect();
+    if closed.is_empty() {
+        return false;
+    }
+    let batch = (capacity / 16).clamp(1, closed.len());
+    closed.select_nth_unstable(batch - 1);
+    let gone: Vec<String> = closed[..batch]
+        .iter()
+        .map(|(_, id)| (*id).clone())
+        .collect();
+    for id in gone {
+        seen.remove(&id);
+    }
+    true
+}
+
 impl Seen {
     fn stale(&self, now: Timestamp) -> bool {
         self.open == 0 && now.since(self.last_seen).as_secs() > STALE_AFTER_SECS
@@ -277,7 +300,7 @@ mod tests {
 
     fn gateways() -> (Gateways, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::new());
-        (Gateways::new(metrics.clone()), metrics)
+        (Gateways::new(metrics.clone(), 10_000), metrics)
     }
 
     fn at(secs: u64) -> Timestamp {
@@ -375,6 +398,90 @@ mod tests {
             r#"stanch_gateway_max_lag_versions{transport="sse"} 10"#,
         ] {
             assert!(text.contains(line), "{line}\n{text}");
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        /// A request naming the gateway, with no watch held (a poll, an Ack).
+        Heard(u8),
+        /// A watch opened, if `watch.max_watchers` allows one more.
+        Opened(u8),
+        /// A watch it holds closed.
+        Closed(u8),
+    }
+
+    fn event() -> impl proptest::strategy::Strategy<Value = Event> {
+        use proptest::prelude::*;
+        // More gateways than are remembered, so the list fills and must forget.
+        prop_oneof![
+            (0..40u8).prop_map(Event::Heard),
+            (0..40u8).prop_map(Event::Opened),
+            (0..40u8).prop_map(Event::Closed),
+        ]
+    }
+
+    proptest::proptest! {
+        /// However many gateways come and go, the list stays within twice
+        /// `watch.max_watchers`, never drops a gateway that holds a watch (nor what it
+        /// applied), and always has the one just heard from.
+        #[test]
+        fn a_full_list_forgets_only_gateways_without_a_watch(
+            events in proptest::collection::vec(event(), 1..400)
+        ) {
+            const MAX_WATCHERS: usize = 4;
+            let g = Gateways::new(Arc::new(Metrics::new()), MAX_WATCHERS);
+            // What each gateway holds open, and the version it last applied.
+            let mut open: HashMap<String, (u32, u64)> = HashMap::new();
+            for (i, event) in events.into_iter().enumerate() {
+                let (now, version) = (at(i as u64), i as u64);
+                let heard = match event {
+                    Event::Heard(n) => {
+                        let id = format!("gw-{n}");
+                        g.record(&id, WatchTransport::LongPoll, applied(version), now);
+                        if let Some(o) = open.get_mut(&id) {
+                            o.1 = version;
+                        }
+                        Some(id)
+                    }
+                    Event::Opened(n) => {
+                        let total: u32 = open.values().map(|(o, _)| o).sum();
+                        let id = format!("gw-{n}");
+                        if total as usize == MAX_WATCHERS {
+                            None
+                        } else {
+                            g.record(&id, WatchTransport::Grpc, applied(version), now);
+                            g.opened(&id, WatchTransport::Grpc);
+                            let o = open.entry(id.clone()).or_default();
+                            *o = (o.0 + 1, version);
+                            Some(id)
+                        }
+                    }
+                    Event::Closed(n) => {
+                        let id = format!("gw-{n}");
+                        if let Some(o) = open.get_mut(&id) {
+                            g.closed(&id, now);
+                            o.0 -= 1;
+                            if o.0 == 0 {
+                                open.remove(&id);
+                            }
+                        }
+                        None
+                    }
+                };
+                let list = g.list(now, version);
+                proptest::prop_assert!(list.len() <= 2 * MAX_WATCHERS, "{} remembered", list.len());
+                for (id, (_, applied)) in &open {
+                    let kept = list.iter().find(|s| s.id == *id);
+                    proptest::prop_assert!(
+                        kept.is_some_and(|s| s.connected && s.applied_version == Some(*applied)),
+                        "{id} holds a watch: {kept:?}"
+                    );
+                }
+                if let Some(id) = heard {
+                    proptest::prop_assert!(list.iter().any(|s| s.id == id), "{id} just heard");
+                }
+            }
         }
     }
 

@@ -102,7 +102,7 @@ impl Shared {
             engine,
             publisher,
             history,
-            gateways: Gateways::new(metrics.clone()),
+            gateways: Gateways::new(metrics.clone(), server.watch.max_watchers),
             metrics,
             tokens,
             clock,

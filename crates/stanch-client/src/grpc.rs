@@ -51,13 +51,11 @@ fn bearer(
     Ok(value)
 }
 
-/// What the gateway says of a table it was sent.
+/// What the gateway says of a table it was sent: every table is answered, since
+/// the controller sends the next only then.
 enum Answer {
     Ack,
     Nack(String),
-    /// Not newer than the one it holds (a replica behind the one it heard from):
-    /// kept, and neither applied nor refused.
-    Nothing,
 }
 
 impl Watcher {
@@ -104,7 +102,6 @@ impl Watcher {
                             epoch,
                             reason,
                         }),
-                        Answer::Nothing => continue,
                     };
                     // A controller that takes no answer within the silence deadline
                     // is as good as silent.
@@ -137,7 +134,13 @@ impl Watcher {
                 {
                     Answer::Nack(r.reason.clone())
                 } else {
-                    Answer::Nothing
+                    // Not newer than the table it holds, which it keeps (a controller
+                    // sends none such to a gateway whose Hello it read).
+                    let held = self.applier.current.load();
+                    let held = held.as_ref().map_or(0, |t| t.version);
+                    Answer::Nack(format!(
+                        "not newer than the table held (version {held} of the same epoch)"
+                    ))
                 }
             }
             Err(e) => {

@@ -573,53 +573,78 @@ async fn an_unanswered_long_poll_is_asked_again_after_twice_its_wait() {
     );
 }
 
-/// A gRPC controller for the silence tests: each `WatchRoutes` stream gets one
-/// heartbeat saying `interval`, then the table, then nothing while it stays open.
-/// Returns its URL and when each stream opened.
-async fn silent_grpc_server(
-    table: stanch_api::RouteTable,
-    interval: Duration,
-) -> (String, Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>) {
+/// The table a real controller serves, for a scripted one to send.
+async fn a_controllers_table() -> stanch_api::RouteTable {
+    let (_controller, real) = controller().await;
+    reqwest::get(format!("{real}/v1/routes"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// What a scripted gRPC controller was sent: when each stream opened, and every
+/// message on them.
+#[derive(Default)]
+struct Heard {
+    opened: Vec<tokio::time::Instant>,
+    requests: Vec<stanch_api::proto::v1::WatchRequest>,
+}
+
+type HeardBy = Arc<std::sync::Mutex<Heard>>;
+
+/// A gRPC controller that sends each `WatchRoutes` stream `script`, then nothing
+/// while it stays open, and keeps what the gateway says. Returns its URL.
+async fn scripted_grpc_server(
+    script: Vec<stanch_api::proto::v1::watch_response::Kind>,
+) -> (String, HeardBy) {
     use stanch_api::proto::v1::route_watch_server::{RouteWatch, RouteWatchServer};
-    use stanch_api::proto::v1::{self, watch_response};
-    type Opened = Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>;
+    use stanch_api::proto::v1::{self};
     type Messages = std::pin::Pin<
         Box<dyn futures_util::Stream<Item = Result<v1::WatchResponse, tonic::Status>> + Send>,
     >;
-    struct Silent {
-        table: stanch_api::RouteTable,
-        interval: Duration,
-        opened: Opened,
+    struct Scripted {
+        script: Vec<v1::watch_response::Kind>,
+        heard: HeardBy,
     }
     #[tonic::async_trait]
-    impl RouteWatch for Silent {
+    impl RouteWatch for Scripted {
         type WatchRoutesStream = Messages;
         async fn watch_routes(
             &self,
-            _: tonic::Request<tonic::Streaming<v1::WatchRequest>>,
+            request: tonic::Request<tonic::Streaming<v1::WatchRequest>>,
         ) -> Result<tonic::Response<Messages>, tonic::Status> {
             use futures_util::StreamExt;
-            self.opened
+            self.heard
                 .lock()
                 .unwrap()
+                .opened
                 .push(tokio::time::Instant::now());
-            let first = [
-                watch_response::Kind::Heartbeat(v1::Heartbeat {
-                    interval_ms: self.interval.as_millis() as u64,
-                    latest_version: self.table.version,
-                }),
-                watch_response::Kind::Table((&self.table).into()),
-            ]
-            .map(|kind| Ok(v1::WatchResponse { kind: Some(kind) }));
+            let heard = self.heard.clone();
+            let mut inbound = request.into_inner();
+            tokio::spawn(async move {
+                while let Ok(Some(request)) = inbound.message().await {
+                    heard.lock().unwrap().requests.push(request);
+                }
+            });
+            let first: Vec<_> = self
+                .script
+                .iter()
+                .map(|kind| {
+                    Ok(v1::WatchResponse {
+                        kind: Some(kind.clone()),
+                    })
+                })
+                .collect();
             let messages = futures_util::stream::iter(first).chain(futures_util::stream::pending());
             Ok(tonic::Response::new(Box::pin(messages)))
         }
     }
-    let opened: Opened = Arc::default();
-    let service = RouteWatchServer::new(Silent {
-        table,
-        interval,
-        opened: opened.clone(),
+    let heard = HeardBy::default();
+    let service = RouteWatchServer::new(Scripted {
+        script,
+        heard: heard.clone(),
     });
     let app = tonic::service::Routes::new(service).into_axum_router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -635,27 +660,88 @@ async fn silent_grpc_server(
         limits,
         std::future::pending(),
     ));
-    (url, opened)
+    (url, heard)
+}
+
+/// A gRPC controller for the silence tests: each stream gets one heartbeat saying
+/// `interval`, then the table, then nothing.
+async fn silent_grpc_server(
+    table: stanch_api::RouteTable,
+    interval: Duration,
+) -> (String, HeardBy) {
+    use stanch_api::proto::v1::{self, watch_response};
+    scripted_grpc_server(vec![
+        watch_response::Kind::Heartbeat(v1::Heartbeat {
+            interval_ms: interval.as_millis() as u64,
+            latest_version: table.version,
+        }),
+        watch_response::Kind::Table((&table).into()),
+    ])
+    .await
+}
+
+/// Every table a gateway is sent over gRPC is answered, since a controller sends the
+/// next only then: one it applies with an Ack; one it cannot apply, and one not newer
+/// than the table it holds (which it keeps), with a Nack that says why.
+#[tokio::test]
+async fn every_table_sent_over_grpc_is_answered() {
+    use stanch_api::proto::v1::{self, watch_request, watch_response};
+    let table = a_controllers_table().await;
+    let mut unreadable = v1::RouteTable::from(&table);
+    unreadable.version += 1;
+    unreadable.generated_at_unix_ms = i64::MAX;
+    let sent = |t: v1::RouteTable| watch_response::Kind::Table(t);
+    let (url, heard) = scripted_grpc_server(vec![
+        sent((&table).into()),
+        sent((&table).into()),
+        sent(unreadable.clone()),
+    ])
+    .await;
+    let mut config = WatchConfig::new(&url, "gw-answers");
+    config.transport = Transport::Grpc;
+    let (routes, task) = stanch_client::start(config, None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while heard.lock().unwrap().requests.len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "four messages");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+    let kinds: Vec<_> = heard
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .map(|r| r.kind.clone().unwrap())
+        .collect();
+    let [
+        watch_request::Kind::Hello(_),
+        watch_request::Kind::Ack(ack),
+        watch_request::Kind::Nack(again),
+        watch_request::Kind::Nack(refused),
+    ] = &kinds[..]
+    else {
+        panic!("a Hello, an Ack and two Nacks: {kinds:?}");
+    };
+    assert_eq!((ack.version, &ack.epoch), (table.version, &table.epoch));
+    assert_eq!(again.version, table.version);
+    assert!(again.reason.contains("not newer"), "{again:?}");
+    assert_eq!(refused.version, unreadable.version);
+    assert!(refused.reason.contains("unreadable"), "{refused:?}");
+    assert_eq!(routes.current().unwrap().version, table.version, "kept");
 }
 
 /// A gRPC stream that goes quiet after its table (no heartbeat as promised) is
 /// dropped after two of the intervals the controller said, and opened again at once.
 #[tokio::test]
 async fn a_silent_grpc_stream_is_dropped_and_reopened_within_two_heartbeats() {
-    let (_controller, real) = controller().await;
-    let table: stanch_api::RouteTable = reqwest::get(format!("{real}/v1/routes"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let table = a_controllers_table().await;
     let (url, opened) = silent_grpc_server(table, Duration::from_millis(200)).await;
     let mut config = WatchConfig::new(&url, "gw-silent-grpc");
     config.transport = Transport::Grpc;
     let (routes, task) = stanch_client::start(config, None);
     tokio::time::sleep(Duration::from_millis(1700)).await;
     task.abort();
-    let at = opened.lock().unwrap().clone();
+    let at = opened.lock().unwrap().opened.clone();
     let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
     reopened_every_two_heartbeats(&gaps);
     assert!(routes.current().is_some(), "the table stays applied");

@@ -3,13 +3,17 @@
 //! connection: see `stanch_net::ConnLimits::http2`).
 //!
 //! One stream is one session: the gateway's Hello says what it holds, the session
-//! sends what it lacks, latest only, and reads the gateway's Acks and Nacks. The
+//! sends what it lacks, latest only, and reads the gateway's Acks and Nacks. A table
+//! is sent once the gateway has answered the one before it, so one table at most is
+//! ever on its way to a gateway, and one that applies slowly is sent the newest
+//! version when it is ready, not every version published meanwhile (HTTP/2 flow
+//! control alone would let a window's worth of old tables queue for it). The
 //! session is the response body itself, run whenever HTTP/2 can take another message
-//! from it (no task of its own, nothing handed between tasks), so at most one message
-//! waits for a gateway that reads slowly. A gateway that takes nothing it is owed (a
-//! newer table, a heartbeat) for `watch.slow_client_timeout` is cut off by the
-//! [`sweep`], its connection closed: a body behind HTTP/2 flow control is not run, so
-//! it cannot time itself out. The publisher never waits for any.
+//! from it (no task of its own, nothing handed between tasks). A gateway that takes
+//! nothing it is owed (a newer table, a heartbeat), or answers no table, for
+//! `watch.slow_client_timeout` is cut off by the [`sweep`], its connection closed: a
+//! body behind HTTP/2 flow control is not run, so it cannot time itself out. The
+//! publisher never waits for any.
 //!
 //! The watch is served by hand rather than by the generated `RouteWatchServer`, for
 //! its codec ([`WatchCodec`]): a table goes out as the bytes its snapshot encoded once
@@ -257,6 +261,7 @@ impl Watch {
             greeted: false,
             holds: None,
             sent: VecDeque::with_capacity(SENT_KEPT),
+            unanswered: None,
         };
         let messages = futures_util::stream::unfold(Some(session), |session| async move {
             let mut session = session?;
@@ -289,6 +294,9 @@ struct Session {
     /// The (epoch, version) of the last tables sent, newest last. An epoch is the
     /// snapshot's own (`Snapshot::epoch`), so remembering it costs no copy.
     sent: VecDeque<(Arc<str>, u64)>,
+    /// The last table sent, until the gateway answers it (Ack or Nack): no other is
+    /// sent meanwhile.
+    unanswered: Option<(Arc<str>, u64)>,
 }
 
 /// Why a session ends: a status for the gateway (`None` when it just closed).
@@ -296,7 +304,8 @@ type End = Option<Status>;
 
 impl Session {
     /// The next message for the gateway, once there is one (the Acks and Nacks that
-    /// come meanwhile are taken in); `Err` when the stream ends, and why.
+    /// come meanwhile are taken in): a newer table once the last one is answered, or a
+    /// heartbeat; `Err` when the stream ends, and why.
     async fn next(&mut self) -> Result<Bytes, End> {
         let watch = &self.state.server.watch;
         let (heartbeat, slow) = (watch.heartbeat.0, watch.slow_client_timeout.0);
@@ -311,7 +320,7 @@ impl Session {
                 .holds
                 .as_ref()
                 .is_none_or(|(e, v)| *v < version || e != epoch);
-            if news {
+            if news && self.unanswered.is_none() {
                 let table = snap.grpc.clone();
                 let epoch = epoch.clone();
                 drop(snap);
@@ -319,13 +328,17 @@ impl Session {
                 if self.sent.len() == SENT_KEPT {
                     self.sent.pop_front();
                 }
-                self.sent.push_back((epoch, version));
+                self.sent.push_back((epoch.clone(), version));
+                self.unanswered = Some((epoch, version));
                 self.beat.reset();
                 self.liveness.gave(Some(version));
                 return Ok(table);
             }
             drop(snap);
-            self.liveness.holds(version);
+            if !news {
+                // Else the sweep sees it owed the newer table until it is sent.
+                self.liveness.holds(version);
+            }
             tokio::select! {
                 changed = self.published.changed() => {
                     if changed.is_err() {
@@ -387,7 +400,7 @@ impl Session {
 
     /// Takes in one message after the Hello: an Ack or a Nack of a table this
     /// session sent.
-    fn receive(&self, message: Result<Option<v1::WatchRequest>, Status>) -> Result<(), End> {
+    fn receive(&mut self, message: Result<Option<v1::WatchRequest>, Status>) -> Result<(), End> {
         let now = self.state.clock.now();
         let report = match unread(message).map_err(Some)? {
             None => return Err(None),
@@ -398,6 +411,7 @@ impl Session {
             }
             Some(watch_request::Kind::Ack(ack)) => {
                 self.was_sent("Ack", &ack.epoch, ack.version)?;
+                self.answered(&ack.epoch, ack.version);
                 Report {
                     applied: Some(ack.version),
                     rejected: None,
@@ -405,6 +419,7 @@ impl Session {
             }
             Some(watch_request::Kind::Nack(nack)) => {
                 self.was_sent("Nack", &nack.epoch, nack.version)?;
+                self.answered(&nack.epoch, nack.version);
                 Report {
                     applied: None,
                     rejected: Some((nack.version, clean_reason(&nack.reason))),
@@ -416,6 +431,18 @@ impl Session {
             .gateways
             .record(id, WatchTransport::Grpc, report, now);
         Ok(())
+    }
+
+    /// The gateway answered the table of (`epoch`, `version`): if it is the last one
+    /// sent, the next may go.
+    fn answered(&mut self, epoch: &str, version: u64) {
+        if self
+            .unanswered
+            .as_ref()
+            .is_some_and(|(e, v)| *v == version && **e == *epoch)
+        {
+            self.unanswered = None;
+        }
     }
 
     /// An Ack or Nack must name a table this session sent (most often the newest,

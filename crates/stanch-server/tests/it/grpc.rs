@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde_json::Value;
+use serde_json::{Value, json};
 use stanch_api::RouteTable;
 use stanch_api::proto::v1::route_watch_client::RouteWatchClient;
 use stanch_api::proto::v1::{self, watch_request, watch_response};
@@ -195,6 +195,47 @@ async fn a_resumed_watch_is_not_sent_the_table_it_holds_and_hears_heartbeats() {
     assert_eq!(g["converged"], true);
     let next = fail_dc_a(&h).await;
     assert_eq!(s.table().await.version, next);
+}
+
+/// A gateway that has not answered its last table is sent no other; once it answers,
+/// it is sent the newest version, none of those published meanwhile, however much
+/// room HTTP/2 flow control leaves for them. An answer to an older table it was sent
+/// does not count for the last.
+#[tokio::test]
+async fn a_table_goes_once_the_last_is_answered_and_it_is_the_newest() {
+    let h = Harness::start().await;
+    let mut s = open(&h, Some(READ), Some(hello("gw-slow", 0, "")))
+        .await
+        .unwrap();
+    let first = s.table().await;
+    s.ack(&first).await;
+    let second_version = fail_dc_a(&h).await;
+    let second = s.table().await;
+    assert_eq!(second.version, second_version);
+    let mut published = second_version;
+    for i in 0..3 {
+        let r = h
+            .admin(
+                "block",
+                json!({"endpoint": format!("http://10.9.0.{i}:8000"), "ttl": "1h", "reason": "slow gateway"}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        published = h.routes().await["version"].as_u64().unwrap();
+    }
+    assert!(published >= second_version + 3);
+    // A late Ack of the first table is taken, and is not the answer to the second.
+    s.ack(&first).await;
+    let early = tokio::time::timeout(Duration::from_millis(500), s.inbound.message()).await;
+    assert!(
+        early.is_err(),
+        "nothing before the second is answered: {early:?}"
+    );
+    s.ack(&second).await;
+    let newest = s.table().await;
+    assert_eq!(newest.version, published, "the newest, none between");
+    s.ack(&newest).await;
+    eventually(&h, "gw-slow", |g| g["converged"] == true).await;
 }
 
 #[tokio::test]
@@ -474,7 +515,8 @@ async fn a_gateway_that_stops_reading_is_cut_off_and_the_others_are_not_held_up(
     let mut good = open(&h, Some(READ), Some(self::hello("gw-reading", 0, "")))
         .await
         .unwrap();
-    good.table().await;
+    let first = good.table().await;
+    good.ack(&first).await;
     let started = tokio::time::Instant::now();
     let next = fail_dc_a(&h).await;
     assert_eq!(good.table().await.version, next);

@@ -28,8 +28,8 @@ pub struct Snapshot {
     pub grpc: Bytes,
     /// `"<epoch>-<version>"`, quoted, for `ETag`.
     pub etag: String,
-    /// `table.epoch`, shared: what each gRPC session remembers sending, a reference
-    /// count per delivery rather than a copy.
+    /// `table.epoch`, shared: what each SSE stream and gRPC session remembers
+    /// sending, a reference count per delivery rather than a copy.
     pub epoch: Arc<str>,
     /// Response headers of every route answer, built once: `ETag`, epoch, version.
     pub headers: [(HeaderName, HeaderValue); 3],

@@ -171,7 +171,7 @@ pub(super) async fn stream(
         publisher: Arc::clone(&state.publisher),
         // A stream resumed without its epoch (an `EventSource`, an older gateway)
         // takes the version for the current epoch's.
-        sent: resume.map(|v| (query.epoch, v)),
+        sent: resume.map(|v| (query.epoch.map(Arc::from), v)),
         heartbeat: tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat),
         _guard: guard,
     };
@@ -200,8 +200,9 @@ pub(super) async fn stream(
 struct SseWatch {
     rx: tokio::sync::watch::Receiver<u64>,
     publisher: Arc<crate::publish::Publisher>,
-    /// The last (epoch, version) sent.
-    sent: Option<(Option<String>, u64)>,
+    /// The last (epoch, version) sent: the snapshot's own epoch (no copy), or what
+    /// the resuming watcher named, if anything.
+    sent: Option<(Option<Arc<str>>, u64)>,
     heartbeat: tokio::time::Interval,
     _guard: WatcherGuard,
 }
@@ -214,10 +215,10 @@ impl SseWatch {
             let snap = self.publisher.load();
             let already = self.sent.as_ref().is_some_and(|(epoch, version)| {
                 *version == snap.table.version
-                    && epoch.as_ref().is_none_or(|e| *e == snap.table.epoch)
+                    && epoch.as_ref().is_none_or(|e| **e == *snap.table.epoch)
             });
             if !already {
-                self.sent = Some((Some(snap.table.epoch.clone()), snap.table.version));
+                self.sent = Some((Some(snap.epoch.clone()), snap.table.version));
                 return Some(snap.sse_event.clone());
             }
             tokio::select! {

@@ -30,6 +30,16 @@ pub enum AlertSource {
     Prometheus,
 }
 
+impl AlertSource {
+    /// Its name in metrics and logs, as serialized: `alertmanager`, `prometheus`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertSource::Alertmanager => "alertmanager",
+            AlertSource::Prometheus => "prometheus",
+        }
+    }
+}
+
 /// One alert, validated and normalized, as it enters the engine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IncomingAlert {

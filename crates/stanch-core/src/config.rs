@@ -301,13 +301,22 @@ pub struct AlertPolicy {
     /// How long a resolved alert is remembered, so that a late duplicate of its firing
     /// notification is recognised and ignored.
     pub remember_resolved: HumanDuration,
+    /// The most alerts active at once. A new alert beyond it is refused (and the
+    /// notification answered 503, so Alertmanager retries it); one that maps to a
+    /// condition takes the place of the longest-unrefreshed one that maps to nothing.
+    /// A bound on what a high-cardinality rule routed to stanch can make it hold.
+    pub max_active: usize,
 }
+
+/// The most [`AlertPolicy::max_active`] may be.
+pub const MAX_ACTIVE_ALERTS: usize = 1_000_000;
 
 impl Default for AlertPolicy {
     fn default() -> Self {
         Self {
             resolve_timeout: HumanDuration::secs(5 * 60),
             remember_resolved: HumanDuration::secs(60 * 60),
+            max_active: 10_000,
         }
     }
 }
@@ -477,6 +486,12 @@ impl Config {
                     format!("must be at most {MAX_POLICY_DURATION}"),
                 );
             }
+        }
+        if !(1..=MAX_ACTIVE_ALERTS).contains(&self.alerts.max_active) {
+            problem(
+                "alerts.max_active".into(),
+                format!("must be between 1 and {MAX_ACTIVE_ALERTS}"),
+            );
         }
         if ladder.lease.0 < Duration::from_secs(10) {
             problem(
@@ -693,6 +708,8 @@ ladder:
   recover_after: 0s
 blocking:
   jitter: 2.0
+alerts:
+  max_active: 0
 mappings:
   - name: m
     matchers: ['alertname=~"("']
@@ -711,6 +728,7 @@ mappings:
             "models.b.fallback",
             "ladder.recover_after",
             "blocking.jitter",
+            "alerts.max_active",
             "mappings[0].matchers[0]",
             "mappings[0].action",
         ] {

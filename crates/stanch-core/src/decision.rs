@@ -7,6 +7,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use stanch_api::alerts::AlertSource;
 use stanch_api::{Fingerprint, HumanDuration, Rung, Timestamp};
 
 use crate::mapping::Condition;
@@ -88,6 +89,23 @@ pub enum Decision {
         fingerprint: Fingerprint,
         /// Why.
         why: String,
+    },
+    /// New alerts found the engine holding `alerts.max_active` already. One decision
+    /// per source and step however many alerts it turned away, so that a flood from a
+    /// high-cardinality rule is one entry, not thousands.
+    AlertLimit {
+        /// Who sent the new alerts.
+        source: AlertSource,
+        /// The limit in force.
+        limit: usize,
+        /// New alerts not taken: the notification is answered 503.
+        refused: usize,
+        /// Alerts that map to nothing, dropped to make room for new ones that map to a
+        /// condition.
+        displaced: usize,
+        /// The distinct `alertname`s of the alerts refused or dropped, at most
+        /// [`Decision::NAMES_KEPT`]: which rule to look at.
+        alertnames: Vec<String>,
     },
     /// A model changed rung.
     Transition {
@@ -205,6 +223,9 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// The most `alertnames` an [`Decision::AlertLimit`] lists.
+    pub const NAMES_KEPT: usize = 8;
+
     /// The model the decision is about, if one.
     pub fn model(&self) -> Option<&str> {
         match self {
@@ -222,6 +243,7 @@ impl Decision {
             }
             Decision::AlertResolved { .. }
             | Decision::AlertIgnored { .. }
+            | Decision::AlertLimit { .. }
             | Decision::Configured { .. }
             | Decision::Published { .. } => None,
         }
@@ -233,6 +255,7 @@ impl Decision {
             Decision::AlertActive { .. } => "alert_active",
             Decision::AlertResolved { .. } => "alert_resolved",
             Decision::AlertIgnored { .. } => "alert_ignored",
+            Decision::AlertLimit { .. } => "alert_limit",
             Decision::Transition { .. } => "transition",
             Decision::PoolChanged { .. } => "pool_changed",
             Decision::FlapPinned { .. } => "flap_pinned",
@@ -283,6 +306,33 @@ impl fmt::Display for Decision {
             }
             Decision::AlertIgnored { fingerprint, why } => {
                 write!(f, "alert {fingerprint} ignored: {why}")
+            }
+            Decision::AlertLimit {
+                source,
+                limit,
+                refused,
+                displaced,
+                alertnames,
+            } => {
+                let source = match source {
+                    AlertSource::Alertmanager => "Alertmanager",
+                    AlertSource::Prometheus => "Prometheus",
+                };
+                write!(f, "alert limit ({limit} active) reached:")?;
+                if *refused > 0 {
+                    write!(f, " refused {refused} new from {source}")?;
+                }
+                if *displaced > 0 {
+                    let and = if *refused > 0 { ";" } else { "" };
+                    write!(
+                        f,
+                        "{and} dropped {displaced} unmapped for mapped ones from {source}"
+                    )?;
+                }
+                if !alertnames.is_empty() {
+                    write!(f, " ({})", alertnames.join(", "))?;
+                }
+                Ok(())
             }
             Decision::Transition {
                 model,

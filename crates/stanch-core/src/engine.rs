@@ -157,6 +157,77 @@ pub struct Engine {
     config: Config,
     mapper: Mapper,
     state: EngineState,
+    overflow: Overflow,
+}
+
+/// What the alert limit turned away during one step's input, reported when the input
+/// is done as one [`Decision::AlertLimit`] per source.
+#[derive(Debug, Clone, Default)]
+struct Overflow {
+    /// [`Decision::AlertLimit`]s, at most one per source.
+    limits: Vec<Decision>,
+    /// Set once a search for an unmapped alert to drop found none, so that the rest
+    /// of a full step need not search again; cleared when one is taken in.
+    none_unmapped: bool,
+}
+
+/// How the alert limit treated an alert.
+#[derive(Debug, Clone, Copy)]
+enum Overflowed {
+    /// A new alert, not taken.
+    Refused,
+    /// An unmapped alert, dropped for a new mapped one.
+    Displaced,
+}
+
+impl Overflow {
+    fn record(
+        &mut self,
+        source: AlertSource,
+        limit: usize,
+        alertname: Option<&str>,
+        how: Overflowed,
+    ) {
+        let at = self
+            .limits
+            .iter()
+            .position(|d| matches!(d, Decision::AlertLimit { source: s, .. } if *s == source))
+            .unwrap_or_else(|| {
+                self.limits.push(Decision::AlertLimit {
+                    source,
+                    limit,
+                    refused: 0,
+                    displaced: 0,
+                    alertnames: Vec::new(),
+                });
+                self.limits.len() - 1
+            });
+        let Decision::AlertLimit {
+            refused,
+            displaced,
+            alertnames,
+            ..
+        } = &mut self.limits[at]
+        else {
+            unreachable!("overflow holds only alert-limit decisions")
+        };
+        match how {
+            Overflowed::Refused => *refused += 1,
+            Overflowed::Displaced => *displaced += 1,
+        }
+        if let Some(name) = alertname
+            && alertnames.len() < Decision::NAMES_KEPT
+            && !alertnames.iter().any(|n| n == name)
+        {
+            alertnames.push(name.to_owned());
+        }
+    }
+
+    /// The step's decisions, and a clean slate for the next step.
+    fn take(&mut self) -> Vec<Decision> {
+        self.none_unmapped = false;
+        std::mem::take(&mut self.limits)
+    }
 }
 
 impl Engine {
@@ -197,6 +268,7 @@ impl Engine {
             config,
             mapper,
             state,
+            overflow: Overflow::default(),
         }
     }
 
@@ -239,6 +311,7 @@ impl Engine {
             Input::Configure { config } => self.configure(*config, now, &mut out),
             Input::Tick => {}
         }
+        out.append(&mut self.overflow.take());
         self.expire_alerts(now, &mut out);
         self.evaluate_blocks(now, &mut out);
         self.evaluate_models(now, &mut out);
@@ -501,7 +574,24 @@ impl Engine {
                         }
                     }
                     None => {
+                        if self.state.alerts.len() >= self.config.alerts.max_active
+                            && !self.make_room(&alert, condition.is_some())
+                        {
+                            // Its tombstone, if any, stays: a late duplicate of an
+                            // earlier firing is still recognised.
+                            self.overflow.record(
+                                alert.source,
+                                self.config.alerts.max_active,
+                                alert.labels.get("alertname").map(String::as_str),
+                                Overflowed::Refused,
+                            );
+                            return;
+                        }
                         self.state.tombstones.remove(&fp);
+                        if condition.is_none() {
+                            // One to drop, should the engine fill up again this step.
+                            self.overflow.none_unmapped = false;
+                        }
                         let record = AlertRecord {
                             alert,
                             condition: condition.clone(),
@@ -551,6 +641,34 @@ impl Engine {
                 }
             },
         }
+    }
+
+    /// Makes room among full alerts for `alert`, new: only an alert that maps to a
+    /// condition may take a place, that of the unmapped alert refreshed longest ago
+    /// (unmapped alerts change nothing in the table; they are kept to be shown).
+    /// False when there is no room to make.
+    fn make_room(&mut self, alert: &IncomingAlert, mapped: bool) -> bool {
+        if !mapped || self.overflow.none_unmapped {
+            return false;
+        }
+        let oldest = self
+            .state
+            .alerts
+            .iter()
+            .filter(|(_, r)| r.condition.is_none())
+            .min_by_key(|(fp, r)| (r.received_at, **fp))
+            .map(|(fp, _)| *fp);
+        let Some(record) = oldest.and_then(|fp| self.state.alerts.remove(&fp)) else {
+            self.overflow.none_unmapped = true;
+            return false;
+        };
+        self.overflow.record(
+            alert.source,
+            self.config.alerts.max_active,
+            record.alertname(),
+            Overflowed::Displaced,
+        );
+        true
     }
 
     fn resolve(

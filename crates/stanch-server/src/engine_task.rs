@@ -21,7 +21,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::clock::Clock;
 use crate::history::History;
 use crate::leadership::{Leadership, Role};
-use crate::metrics::{ActionLabel, KindLabel, ModelLabel, TransitionLabels};
+use crate::metrics::{ActionLabel, KindLabel, ModelLabel, RejectLabels, TransitionLabels};
 use crate::publish::{Publisher, Snapshot};
 use crate::store::{Loaded, Record, StateStore, StoreError};
 
@@ -823,6 +823,17 @@ impl EngineTask {
                     info!(decision = %d, "override applied");
                 }
                 Decision::FlapPinned { .. } => warn!(decision = %d, "flap guard engaged"),
+                Decision::AlertLimit {
+                    source, refused, ..
+                } => {
+                    m.alerts_rejected
+                        .get_or_create(&RejectLabels {
+                            source: source.as_str(),
+                            reason: "limit",
+                        })
+                        .inc_by(*refused as u64);
+                    warn!(decision = %d, "alert limit reached (alerts.max_active)");
+                }
                 _ => {}
             }
         }

@@ -36,6 +36,16 @@ pub enum ApiError {
     /// A fault worth retrying (the store cannot write, the engine is stopping).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// New alerts were refused: the engine holds `alerts.max_active` already. The rest
+    /// of the batch was taken, durably; a retry is answered the same until alerts
+    /// resolve.
+    #[error("{refused} new alert(s) refused at the alert limit ({limit} active)")]
+    AlertLimit {
+        /// New alerts refused.
+        refused: usize,
+        /// The limit in force.
+        limit: usize,
+    },
     /// This replica follows; the leader takes writes.
     #[error("this replica is not the leader")]
     NotLeader {
@@ -64,6 +74,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::NotLeader { .. } => "not_leader",
+            ApiError::AlertLimit { .. } => "alert_limit",
         }
     }
 }
@@ -80,7 +91,7 @@ impl IntoResponse for ApiError {
             ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unavailable(_) | ApiError::NotLeader { .. } => {
+            ApiError::Unavailable(_) | ApiError::NotLeader { .. } | ApiError::AlertLimit { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         };
@@ -92,6 +103,11 @@ impl IntoResponse for ApiError {
             ApiError::Busy => self.to_string(),
             ApiError::NotFound(what) => what.clone(),
             ApiError::Unavailable(why) => why.clone(),
+            ApiError::AlertLimit { refused, limit } => format!(
+                "{refused} new alert(s) refused: {limit} alerts are active, the limit \
+                 (alerts.max_active); the rest of the notification is kept; a rule with \
+                 that many alerts is routed to stanch (its alertnames are in the history)"
+            ),
             ApiError::NotLeader { leader } => match leader {
                 Some(l) => format!("this replica is not the leader ({l} is); retry"),
                 None => {
@@ -120,6 +136,10 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unavailable(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            // Room is made by resolutions, not by the second: no reason to hurry back.
+            ApiError::AlertLimit { .. } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
             }
             ApiError::NotLeader { leader } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -1,6 +1,7 @@
 //! Integration tests of the engine: scenarios, properties, and the purity guard.
 
 mod harness;
+mod limits;
 mod properties;
 mod purity;
 mod scenarios;

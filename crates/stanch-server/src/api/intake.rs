@@ -1,13 +1,15 @@
 //! Alert intake: Alertmanager's webhook and Prometheus' own push.
 //!
 //! 200 only once the alerts are durable; 400 naming the field for a malformed
-//! payload; 413 above the size limit; 503 when the store cannot write (Alertmanager
-//! retries 5xx). Never 429: a rate limit here would drop the alert that matters.
+//! payload; 413 above the size limit; 503 when the store cannot write, or when new
+//! alerts found the engine at its alert limit (Alertmanager retries 5xx; what was
+//! taken is kept either way). Never 429: a rate limit here would drop the alert that
+//! matters.
 
 use axum::Json;
 use axum::extract::State;
 use stanch_api::alerts::{self, IntakeResponse, ParsedBatch, PayloadError};
-use stanch_core::Input;
+use stanch_core::{Decision, Input};
 use tracing::warn;
 
 use super::{AppState, Body};
@@ -74,22 +76,35 @@ async fn ingest(
         warn!(source, detail = %r.detail, "alert refused; the rest of the batch is kept");
     }
     let accepted = batch.alerts.len();
-    let version = if accepted == 0 {
-        state.publisher.load().table.version
+    let applied = if accepted == 0 {
+        None
     } else {
-        state
-            .engine
-            .apply(Input::Alerts {
-                alerts: batch.alerts,
-            })
-            .await?
-            .version
+        let input = Input::Alerts {
+            alerts: batch.alerts,
+        };
+        Some(state.engine.apply(input).await?)
     };
     state
         .metrics
         .alerts_received
         .get_or_create(&SourceLabel { source })
         .inc_by(accepted as u64);
+    let Some(applied) = applied else {
+        return Ok(Json(IntakeResponse {
+            accepted,
+            rejected: batch.rejected,
+            version: state.publisher.load().table.version,
+        }));
+    };
+    // The engine counted and logged them; the sender must learn that it was not heard
+    // in full, and retry.
+    if let Some((refused, limit)) = applied.decisions.iter().find_map(|d| match d {
+        Decision::AlertLimit { refused, limit, .. } if *refused > 0 => Some((*refused, *limit)),
+        _ => None,
+    }) {
+        return Err(ApiError::AlertLimit { refused, limit });
+    }
+    let version = applied.version;
     Ok(Json(IntakeResponse {
         accepted,
         rejected: batch.rejected,

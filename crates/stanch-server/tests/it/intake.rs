@@ -276,3 +276,74 @@ async fn gateway_reports_block_an_endpoint_for_every_gateway() {
     let e: Value = r.json().await.unwrap();
     assert!(e["detail"].as_str().unwrap().starts_with("gateway:"), "{e}");
 }
+
+#[tokio::test]
+async fn new_alerts_beyond_the_limit_get_503_and_what_was_taken_is_kept() {
+    let mut config = test_config();
+    config.alerts.max_active = 3;
+    let h = Harness::with(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
+    let alerts: Vec<Value> = (0..5)
+        .map(|i| {
+            serde_json::json!({"status": "firing",
+                "labels": {"alertname": "PodCrash", "pod": format!("pod-{i}")},
+                "annotations": {}, "startsAt": "2026-11-30T00:06:00Z",
+                "endsAt": "0001-01-01T00:00:00Z"})
+        })
+        .collect();
+    let body = serde_json::json!({"version": "4", "status": "firing", "alerts": alerts});
+    let r = h.webhook(body.to_string()).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "30");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"], "alert_limit");
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("2 new alert(s) refused: 3 alerts are active"),
+        "{e}"
+    );
+    assert_eq!(h.json("/v1/status").await["alerts"]["active"], 3);
+
+    // An alert that acts is never kept out by noise: it takes an unmapped one's place.
+    let r = h
+        .webhook(fixture("alertmanager-v4-firing-failover.json"))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.routes().await["models"]["qwen-72b"]["rung"], "failover");
+    assert_eq!(h.json("/v1/status").await["alerts"]["active"], 3);
+
+    let metrics = h.get("/metrics", None).await.text().await.unwrap();
+    assert!(
+        metrics.contains(r#"stanch_alerts_rejected_total{source="alertmanager",reason="limit"} 2"#),
+        "{metrics}"
+    );
+    let history: Vec<Value> = h
+        .get("/v1/history?limit=100", Some(READ))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let limits: Vec<&str> = history
+        .iter()
+        .filter(|e| e["kind"] == "alert_limit")
+        .map(|e| e["summary"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(limits.len(), 2, "{history:?}");
+    assert!(
+        limits
+            .iter()
+            .any(|s| s.ends_with("refused 2 new from Alertmanager (PodCrash)")),
+        "{limits:?}"
+    );
+    assert!(
+        limits
+            .iter()
+            .any(|s| s.ends_with("dropped 1 unmapped for mapped ones from Alertmanager (PodCrash)")),
+        "{limits:?}"
+    );
+}

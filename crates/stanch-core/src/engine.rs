@@ -646,7 +646,9 @@ impl Engine {
     /// Makes room among full alerts for `alert`, new: only an alert that maps to a
     /// condition may take a place, that of the unmapped alert refreshed longest ago
     /// (unmapped alerts change nothing in the table; they are kept to be shown).
-    /// False when there is no room to make.
+    /// False when there is no room to make. A scan of the active alerts for each new
+    /// alert that acts while full: such arrivals are few (a notification is at most
+    /// `intake.max_body_bytes`), and once none is left to drop the step stops looking.
     fn make_room(&mut self, alert: &IncomingAlert, mapped: bool) -> bool {
         if !mapped || self.overflow.none_unmapped {
             return false;

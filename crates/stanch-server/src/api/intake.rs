@@ -89,22 +89,22 @@ async fn ingest(
         .alerts_received
         .get_or_create(&SourceLabel { source })
         .inc_by(accepted as u64);
-    let Some(applied) = applied else {
-        return Ok(Json(IntakeResponse {
-            accepted,
-            rejected: batch.rejected,
-            version: state.publisher.load().table.version,
-        }));
+    let version = match applied {
+        None => state.publisher.load().table.version,
+        Some(applied) => {
+            // The engine counted and logged them; the sender must learn that it was
+            // not heard in full, and retry.
+            if let Some((refused, limit)) = applied.decisions.iter().find_map(|d| match d {
+                Decision::AlertLimit { refused, limit, .. } if *refused > 0 => {
+                    Some((*refused, *limit))
+                }
+                _ => None,
+            }) {
+                return Err(ApiError::AlertLimit { refused, limit });
+            }
+            applied.version
+        }
     };
-    // The engine counted and logged them; the sender must learn that it was not heard
-    // in full, and retry.
-    if let Some((refused, limit)) = applied.decisions.iter().find_map(|d| match d {
-        Decision::AlertLimit { refused, limit, .. } if *refused > 0 => Some((*refused, *limit)),
-        _ => None,
-    }) {
-        return Err(ApiError::AlertLimit { refused, limit });
-    }
-    let version = applied.version;
     Ok(Json(IntakeResponse {
         accepted,
         rejected: batch.rejected,

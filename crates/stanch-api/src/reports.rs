@@ -36,8 +36,14 @@ pub struct EndpointReport {
 /// The answer to a report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReportResponse {
-    /// Endpoint entries recorded.
+    /// Endpoint entries taken (entries naming one pair twice are added together).
     pub accepted: usize,
+    /// Entries not counted: for a model the controller does not manage, for an
+    /// endpoint outside the model's configured pools, or for a new endpoint beyond
+    /// the controller's `blocking.fleet.max_endpoints`. Not retried: sending them
+    /// again changes nothing.
+    #[serde(default)]
+    pub refused: usize,
     /// The route version after them.
     pub version: u64,
 }

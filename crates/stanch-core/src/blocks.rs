@@ -56,21 +56,67 @@ pub(crate) struct NewBlock {
     pub fixed: Option<Duration>,
 }
 
+/// What [`block`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Made {
+    /// The block is in place.
+    Blocked,
+    /// The block is in place, in the place of this one (at `max_blocks`).
+    Displaced(BlockKey),
+    /// At `max_blocks`, with no block of a lower kind to give way: nothing changed.
+    Refused,
+}
+
+/// How much a block's source is trusted: at the limit a block gives way only to one
+/// from a more trusted source. Reports can come from any holder of a reports token;
+/// alerts come from the monitoring pipeline; operators from the admin token.
+fn rank(source: &BlockSource) -> u8 {
+    match source {
+        BlockSource::Fleet => 0,
+        BlockSource::Alert(_) => 1,
+        BlockSource::Operator => 2,
+    }
+}
+
 /// Makes a block, with backoff from the key's recent strikes and (unless its length
-/// is fixed) jitter.
+/// is fixed) jitter. A new key at `policy.max_blocks` takes the place of the least
+/// trusted block that ends soonest, if that is less trusted than it, or is refused.
 pub(crate) fn block(
     state: &mut EngineState,
     policy: &BlockPolicy,
     new: NewBlock,
     now: Timestamp,
     out: &mut Vec<Decision>,
-) {
+) -> Made {
     let NewBlock {
         key,
         reason,
         source,
         fixed,
     } = new;
+    let mut made = Made::Blocked;
+    if !state.blocks.contains_key(&key) && state.blocks.len() >= policy.max_blocks {
+        let own = rank(&source);
+        let victim = state
+            .blocks
+            .iter()
+            .filter(|(_, b)| rank(&b.source) < own)
+            .min_by_key(|(k, b)| (rank(&b.source), b.until, *k))
+            .map(|(k, _)| k.clone());
+        let Some(victim) = victim else {
+            return Made::Refused;
+        };
+        state.blocks.remove(&victim);
+        out.push(Decision::Unblocked {
+            endpoint: victim.endpoint.clone(),
+            model: victim.model.clone(),
+            why: format!(
+                "gave way at the block limit ({}) to {key}, blocked by a more trusted source",
+                policy.max_blocks
+            ),
+        });
+        made = Made::Displaced(victim);
+    }
     let strikes = match state.strikes.get(&key) {
         Some(s) if now.since(s.last) <= policy.backoff.reset_after.0 => s.count.saturating_add(1),
         _ => 1,
@@ -110,6 +156,7 @@ pub(crate) fn block(
             source,
         },
     );
+    made
 }
 
 #[cfg(test)]

@@ -245,7 +245,19 @@ pub struct BlockPolicy {
     pub seed: u64,
     /// Blocking from gateways' merged outcome reports.
     pub fleet: FleetPolicy,
+    /// The most blocks held at once. At the limit a block from the fleet's reports
+    /// is refused; one from an alert or an operator takes the place of the fleet
+    /// block (then the alert block) that ends soonest, and is refused only when
+    /// every block is of its own kind or above. With each entry's fields bounded,
+    /// this bounds the table's blocked list in bytes too.
+    pub max_blocks: usize,
 }
+
+/// The most [`BlockPolicy::max_blocks`] may be.
+pub const MAX_BLOCKS: usize = 100_000;
+
+/// The most [`FleetPolicy::max_endpoints`] may be.
+pub const MAX_FLEET_ENDPOINTS: usize = 100_000;
 
 /// Triggers applied to the outcome reports of every gateway replica, merged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -261,6 +273,11 @@ pub struct FleetPolicy {
     pub min_requests: u64,
     /// The counting window.
     pub window: HumanDuration,
+    /// The most (endpoint, model) pairs tracked from reports for models whose pools
+    /// list no endpoints. A report naming a new pair beyond it is not counted. Where
+    /// a model's pools list their endpoints, reports may name only those, and this
+    /// bound does not apply.
+    pub max_endpoints: usize,
 }
 
 impl Default for FleetPolicy {
@@ -271,6 +288,7 @@ impl Default for FleetPolicy {
             failure_rate: 0.5,
             min_requests: 20,
             window: HumanDuration::secs(60),
+            max_endpoints: 1_000,
         }
     }
 }
@@ -288,6 +306,7 @@ impl Default for BlockPolicy {
             never_block: Vec::new(),
             seed: 0,
             fleet: FleetPolicy::default(),
+            max_blocks: 1_000,
         }
     }
 }
@@ -492,6 +511,18 @@ impl Config {
                 "alerts.max_active".into(),
                 format!("must be between 1 and {MAX_ACTIVE_ALERTS}"),
             );
+        }
+        for (path, n, max) in [
+            ("blocking.max_blocks", self.blocking.max_blocks, MAX_BLOCKS),
+            (
+                "blocking.fleet.max_endpoints",
+                self.blocking.fleet.max_endpoints,
+                MAX_FLEET_ENDPOINTS,
+            ),
+        ] {
+            if !(1..=max).contains(&n) {
+                problem(path.into(), format!("must be between 1 and {max}"));
+            }
         }
         if ladder.lease.0 < Duration::from_secs(10) {
             problem(

@@ -186,6 +186,20 @@ pub enum Decision {
         /// Why not.
         why: String,
     },
+    /// New blocks found the engine holding `blocking.max_blocks` already. One decision
+    /// per step however many blocks it turned away, so that a flood of reports is one
+    /// entry, not thousands.
+    BlockLimit {
+        /// The limit in force.
+        limit: usize,
+        /// Blocks not made.
+        refused: usize,
+        /// Blocks that gave way to blocks from a more trusted source.
+        displaced: usize,
+        /// The distinct endpoints of the blocks refused, at most
+        /// [`Decision::NAMES_KEPT`]: where to look.
+        endpoints: Vec<String>,
+    },
     /// A block ended.
     Unblocked {
         /// The endpoint.
@@ -223,7 +237,8 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// The most `alertnames` an [`Decision::AlertLimit`] lists.
+    /// The most `alertnames` an [`Decision::AlertLimit`] lists, and the most
+    /// `endpoints` a [`Decision::BlockLimit`] lists.
     pub const NAMES_KEPT: usize = 8;
 
     /// The model the decision is about, if one.
@@ -244,6 +259,7 @@ impl Decision {
             Decision::AlertResolved { .. }
             | Decision::AlertIgnored { .. }
             | Decision::AlertLimit { .. }
+            | Decision::BlockLimit { .. }
             | Decision::Configured { .. }
             | Decision::Published { .. } => None,
         }
@@ -263,6 +279,7 @@ impl Decision {
             Decision::Configured { .. } => "configured",
             Decision::Blocked { .. } => "blocked",
             Decision::BlockSkipped { .. } => "block_skipped",
+            Decision::BlockLimit { .. } => "block_limit",
             Decision::Unblocked { .. } => "unblocked",
             Decision::Override { .. } => "override",
             Decision::OverrideEnded { .. } => "override_ended",
@@ -422,6 +439,28 @@ impl fmt::Display for Decision {
                 why,
             } => {
                 write!(f, "not blocking {endpoint} for {}: {why}", or_all(model))
+            }
+            Decision::BlockLimit {
+                limit,
+                refused,
+                displaced,
+                endpoints,
+            } => {
+                write!(f, "block limit ({limit} blocks) reached:")?;
+                if *refused > 0 {
+                    write!(f, " refused {refused} new")?;
+                }
+                if *displaced > 0 {
+                    let and = if *refused > 0 { ";" } else { "" };
+                    write!(
+                        f,
+                        "{and} {displaced} fleet or alert blocks gave way to more trusted ones"
+                    )?;
+                }
+                if !endpoints.is_empty() {
+                    write!(f, " ({})", endpoints.join(", "))?;
+                }
+                Ok(())
             }
             Decision::Unblocked {
                 endpoint,

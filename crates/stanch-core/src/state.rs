@@ -174,12 +174,55 @@ impl std::fmt::Display for BlockKey {
 }
 
 /// What the gateways reported of one (endpoint, model).
+///
+/// Bounded whatever the reports: `samples` holds at most one entry per slot of the
+/// window ([`FleetStats::SLOTS`] slots, reports within a slot added together), and
+/// `streaks` at most [`FleetStats::MAX_STREAKS`] gateways, each forgotten once it
+/// has not reported the pair for a window.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FleetStats {
-    /// (when, successes, failures) per report, within the window.
+    /// (when last added to, successes, failures) per slot of the window.
     pub samples: VecDeque<(Timestamp, u64, u64)>,
-    /// Each gateway's latest run of failures.
-    pub streaks: BTreeMap<String, u32>,
+    /// The gateways whose latest run of failures is not zero, with that run.
+    pub streaks: BTreeMap<String, Streak>,
+}
+
+impl FleetStats {
+    /// Slots the counting window is divided into.
+    pub const SLOTS: u64 = 60;
+    /// Gateways with a run of failures kept per pair: the longest runs, which are
+    /// the ones a trigger reads.
+    pub const MAX_STREAKS: usize = 16;
+}
+
+/// One gateway's run of failures at one (endpoint, model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Streak {
+    /// Failures in a row.
+    pub run: u32,
+    /// When the gateway last reported the pair.
+    pub at: Timestamp,
+}
+
+impl<'de> Deserialize<'de> for Streak {
+    /// Also reads a bare run, as snapshots written before runs had a time held them:
+    /// such a run is dated from the epoch, so the next prune forgets it (a gateway
+    /// then counts its run again from its next report).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Dated { run: u32, at: Timestamp },
+            Bare(u32),
+        }
+        Ok(match Either::deserialize(d)? {
+            Either::Dated { run, at } => Streak { run, at },
+            Either::Bare(run) => Streak {
+                run,
+                at: Timestamp::from_millis(0),
+            },
+        })
+    }
 }
 
 /// Who asked for a block.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use stanch_api::Timestamp;
 use stanch_api::status::AlertSummary;
+use stanch_core::engine::ReportRefusals;
 use stanch_core::{Config, Decision, Engine, Input};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -60,6 +61,8 @@ pub struct Applied {
     pub decisions: Vec<Decision>,
     /// The published route version after it.
     pub version: u64,
+    /// What the engine left out of a report (nothing for other inputs).
+    pub refused: ReportRefusals,
 }
 
 /// Why an input was not applied durably.
@@ -162,6 +165,43 @@ pub struct EngineTask {
     /// While following: the snapshot the engine was replayed from and the last record
     /// applied, so that a look applies only the records written since.
     followed: Option<Followed>,
+    /// The warning that report entries were refused, said at most once a minute.
+    reports_refused_said: Throttled,
+    /// The warning that the block limit refused blocks, said at most once a minute.
+    block_limit_said: Throttled,
+}
+
+/// A warning said at most once per interval, however often its cause recurs: a flood
+/// is one log line a minute, with how many it stands for.
+#[derive(Debug)]
+struct Throttled {
+    every: Duration,
+    last: Option<Instant>,
+    held: u64,
+}
+
+impl Throttled {
+    fn every(every: Duration) -> Throttled {
+        Throttled {
+            every,
+            last: None,
+            held: 0,
+        }
+    }
+
+    /// `Some(times held back since it was last said)` when it may be said at `now`.
+    fn ready(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.duration_since(last) < self.every => {
+                self.held += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.held))
+            }
+        }
+    }
 }
 
 /// Where a follower's engine stands in the leader's history.
@@ -310,6 +350,8 @@ impl EngineTask {
             fenced: false,
             desired: config,
             followed: None,
+            reports_refused_said: Throttled::every(Duration::from_secs(60)),
+            block_limit_said: Throttled::every(Duration::from_secs(60)),
         };
         let parts = Parts {
             handle: EngineHandle { tx },
@@ -529,6 +571,7 @@ impl EngineTask {
                     Ok(Applied {
                         decisions: Vec::new(),
                         version,
+                        refused: ReportRefusals::default(),
                     })
                 }
                 _ => Err(EngineUnavailable::NotLeader),
@@ -633,18 +676,26 @@ impl EngineTask {
                     .send(Err(EngineUnavailable::Store { kind: "backlog" }));
                 continue;
             }
-            let step = self.engine.step(job.input.clone(), now);
+            // A report is journaled as the engine takes it, never as it was sent.
+            let (input, refused) = self.engine.admit(job.input);
+            self.count_refused(&refused);
+            if matches!(&input, Input::Reports { endpoints, .. } if endpoints.is_empty()) {
+                // Nothing left to count: nothing to journal either.
+                answered.push((job.reply, job.arrived, Vec::new(), refused));
+                continue;
+            }
+            let step = self.engine.step(input.clone(), now);
             if step.changed {
                 self.unsynced.push(Record {
                     seq: self.next_seq,
                     at: now,
-                    input: job.input,
+                    input,
                 });
                 self.next_seq += 1;
             }
             self.unsynced_decisions
                 .push((now, step.decisions.clone(), dry_run));
-            answered.push((job.reply, job.arrived, step.decisions));
+            answered.push((job.reply, job.arrived, step.decisions, refused));
         }
         let tick = self.engine.step(Input::Tick, now);
         if tick.changed {
@@ -658,8 +709,12 @@ impl EngineTask {
         }
         if self.unsynced.is_empty() {
             let version = self.engine.state().version;
-            for (reply, _, decisions) in answered {
-                let _ = reply.send(Ok(Applied { decisions, version }));
+            for (reply, _, decisions, refused) in answered {
+                let _ = reply.send(Ok(Applied {
+                    decisions,
+                    version,
+                    refused,
+                }));
             }
             self.unsynced_decisions.clear();
             return;
@@ -706,11 +761,15 @@ impl EngineTask {
                 self.update_metrics(&all);
                 self.publisher.publish(snapshot_of(&self.engine, now));
                 let version = self.engine.state().version;
-                for (reply, arrived, decisions) in answered {
+                for (reply, arrived, decisions, refused) in answered {
                     self.metrics
                         .publish_latency
                         .observe(arrived.elapsed().as_secs_f64());
-                    let _ = reply.send(Ok(Applied { decisions, version }));
+                    let _ = reply.send(Ok(Applied {
+                        decisions,
+                        version,
+                        refused,
+                    }));
                 }
                 if self.since_snapshot >= self.snapshot_every {
                     self.snapshot().await;
@@ -726,7 +785,7 @@ impl EngineTask {
                     .inc();
                 self.unsynced = records;
                 self.unsynced_decisions = decisions;
-                for (reply, _, _) in answered {
+                for (reply, _, _, _) in answered {
                     let _ = reply.send(Err(EngineUnavailable::Store { kind: e.kind() }));
                 }
                 self.on_fenced(&e);
@@ -785,7 +844,31 @@ impl EngineTask {
         }
     }
 
-    fn update_metrics(&self, decisions: &[Decision]) {
+    /// Counts what the engine left out of a report, and says so at most once a minute.
+    fn count_refused(&mut self, refused: &ReportRefusals) {
+        if refused.total() == 0 {
+            return;
+        }
+        for (kind, n) in refused.by_reason() {
+            if n > 0 {
+                self.metrics
+                    .reports_refused
+                    .get_or_create(&KindLabel { kind })
+                    .inc_by(n as u64);
+            }
+        }
+        if let Some(held) = self.reports_refused_said.ready(Instant::now()) {
+            warn!(
+                unknown_model = refused.unknown_model,
+                unknown_endpoint = refused.unknown_endpoint,
+                limit = refused.limit,
+                held_back = held,
+                "report entries not counted: models not managed here, endpoints outside the configured pools, or new endpoints beyond blocking.fleet.max_endpoints"
+            );
+        }
+    }
+
+    fn update_metrics(&mut self, decisions: &[Decision]) {
         let m = &self.metrics;
         let s = self.engine.state();
         for d in decisions {
@@ -833,6 +916,14 @@ impl EngineTask {
                         })
                         .inc_by(*refused as u64);
                     warn!(decision = %d, "alert limit reached (alerts.max_active)");
+                }
+                Decision::BlockLimit { refused, .. } => {
+                    m.blocks_refused
+                        .get_or_create(&KindLabel { kind: "limit" })
+                        .inc_by(*refused as u64);
+                    if let Some(held) = self.block_limit_said.ready(Instant::now()) {
+                        warn!(decision = %d, held_back = held, "block limit reached (blocking.max_blocks)");
+                    }
                 }
                 _ => {}
             }

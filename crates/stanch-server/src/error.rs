@@ -46,6 +46,13 @@ pub enum ApiError {
         /// The limit in force.
         limit: usize,
     },
+    /// An operator's block was not made: the engine holds `blocking.max_blocks`
+    /// blocks, every one of them an operator's. Nothing changed.
+    #[error("block refused at the block limit ({limit} blocks)")]
+    BlockLimit {
+        /// The limit in force.
+        limit: usize,
+    },
     /// This replica follows; the leader takes writes.
     #[error("this replica is not the leader")]
     NotLeader {
@@ -75,6 +82,7 @@ impl ApiError {
             ApiError::Unavailable(_) => "unavailable",
             ApiError::NotLeader { .. } => "not_leader",
             ApiError::AlertLimit { .. } => "alert_limit",
+            ApiError::BlockLimit { .. } => "block_limit",
         }
     }
 }
@@ -91,6 +99,7 @@ impl IntoResponse for ApiError {
             ApiError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::BlockLimit { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) | ApiError::NotLeader { .. } | ApiError::AlertLimit { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -107,6 +116,10 @@ impl IntoResponse for ApiError {
                 "{refused} new alert(s) refused: {limit} alerts are active, the limit \
                  (alerts.max_active); the rest of the notification is kept; a rule with \
                  that many alerts is routed to stanch (its alertnames are in the history)"
+            ),
+            ApiError::BlockLimit { limit } => format!(
+                "not blocked: {limit} blocks are held (blocking.max_blocks), every one an \
+                 operator's; unblock one, or raise the limit"
             ),
             ApiError::NotLeader { leader } => match leader {
                 Some(l) => format!("this replica is not the leader ({l} is); retry"),

@@ -92,6 +92,11 @@ pub struct Metrics {
     pub blocks_active: Gauge,
     /// Blocks made.
     pub blocks: Counter,
+    /// Blocks not made at `blocking.max_blocks`, by reason (`limit`).
+    pub blocks_refused: Family<KindLabel, Counter>,
+    /// Report entries not counted, by reason (`unknown_model`, `unknown_endpoint`,
+    /// `limit`).
+    pub reports_refused: Family<KindLabel, Counter>,
     /// Overrides applied, by action.
     pub overrides: Family<ActionLabel, Counter>,
     /// The published route version.
@@ -139,6 +144,8 @@ impl Metrics {
             transitions: Family::default(),
             flap_pinned: Family::default(),
             blocks_active: Gauge::default(),
+            blocks_refused: Family::default(),
+            reports_refused: Family::default(),
             blocks: Counter::default(),
             overrides: Family::default(),
             route_version: Gauge::default(),
@@ -192,6 +199,16 @@ impl Metrics {
             m.blocks_active.clone(),
         );
         registry.register("blocks", "Endpoint blocks made", m.blocks.clone());
+        registry.register(
+            "blocks_refused",
+            "Endpoint blocks not made at blocking.max_blocks, by reason",
+            m.blocks_refused.clone(),
+        );
+        registry.register(
+            "reports_refused",
+            "Gateway report entries not counted, by reason",
+            m.reports_refused.clone(),
+        );
         registry.register(
             "overrides",
             "Operator overrides applied, by action",

@@ -1,5 +1,6 @@
 //! Integration tests of the engine: scenarios, properties, and the purity guard.
 
+mod fleet;
 mod harness;
 mod limits;
 mod properties;

@@ -60,6 +60,12 @@ async fn run(
     let command = request.into_command();
     check_command(&state.config.load(), &command).map_err(ApiError::invalid)?;
     let applied = state.engine.apply(Input::Command { command }).await?;
+    if let Some(limit) = applied.decisions.iter().find_map(|d| match d {
+        Decision::BlockLimit { refused, limit, .. } if *refused > 0 => Some(*limit),
+        _ => None,
+    }) {
+        return Err(ApiError::BlockLimit { limit });
+    }
     let changed = applied
         .decisions
         .iter()

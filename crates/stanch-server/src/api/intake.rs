@@ -120,7 +120,7 @@ pub(super) async fn reports(
     let batch: stanch_api::reports::ReportBatch =
         stanch_api::from_json(&raw).map_err(ApiError::invalid)?;
     batch.validate().map_err(ApiError::invalid)?;
-    let accepted = batch.endpoints.len();
+    let sent = batch.endpoints.len();
     let applied = state
         .engine
         .apply(Input::Reports {
@@ -128,8 +128,10 @@ pub(super) async fn reports(
             endpoints: batch.endpoints,
         })
         .await?;
+    let refused = applied.refused.total();
     Ok(Json(stanch_api::reports::ReportResponse {
-        accepted,
+        accepted: sent - refused,
+        refused,
         version: applied.version,
     }))
 }

@@ -38,6 +38,10 @@ const SNAPSHOT: &str = "state.json";
 const SNAPSHOT_TMP: &str = "state.json.tmp";
 const JOURNAL: &str = "journal.jsonl";
 
+/// The journal is never compacted below this many bytes, so that a small state is not
+/// snapshotted at every commit.
+pub const JOURNAL_MIN_BYTES: u64 = 16 << 20;
+
 /// The file store. See the module docs for the layout.
 #[derive(Debug)]
 pub struct FileStore {
@@ -51,6 +55,8 @@ pub struct FileStore {
     dirty: bool,
     /// Whether the journal's directory entry is known to be durable.
     entry_durable: bool,
+    /// The size of the last snapshot read or written, which the journal's is held to.
+    snapshot_len: u64,
 }
 
 impl FileStore {
@@ -80,6 +86,7 @@ impl FileStore {
             good_len: None,
             dirty: false,
             entry_durable: false,
+            snapshot_len: 0,
         })
     }
 
@@ -134,13 +141,14 @@ impl FileStore {
             .map_err(|what| format!("{} {what}", path.display())))
     }
 
-    fn read_snapshot(&self) -> Result<Result<Option<(EngineState, u64)>, String>, StoreError> {
+    fn read_snapshot(&mut self) -> Result<Result<Option<(EngineState, u64)>, String>, StoreError> {
         let path = self.path(SNAPSHOT);
         let bytes = match self.fs.read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Ok(None)),
             Err(source) => return Err(StoreError::Load { path, source }),
         };
+        self.snapshot_len = bytes.len() as u64;
         Ok(match serde_json::from_slice::<SnapshotFile>(&bytes) {
             Ok(file) if file.format == FORMAT => Ok(Some((file.state, file.seq))),
             Ok(file) => Err(format!("snapshot format {} is not {FORMAT}", file.format)),
@@ -245,6 +253,10 @@ impl StateStore for FileStore {
         })
     }
 
+    fn prefers_snapshot(&self, _: &[Record]) -> bool {
+        self.good_len.unwrap_or(0) > JOURNAL_MIN_BYTES.max(self.snapshot_len.saturating_mul(2))
+    }
+
     fn append(&mut self, records: &[Record]) -> Result<(), StoreError> {
         if records.is_empty() {
             return Ok(());
@@ -296,6 +308,7 @@ impl StateStore for FileStore {
         self.fs.write_sync(&tmp, &body).map_err(err)?;
         self.fs.rename(&tmp, &path).map_err(err)?;
         self.fs.sync_dir(&self.dir).map_err(err)?;
+        self.snapshot_len = body.len() as u64;
         // Every journal record is now covered by a durable snapshot. If the cut is
         // lost in a crash, replay skips the covered records by their seq; if it fails
         // now, the next append makes it first.

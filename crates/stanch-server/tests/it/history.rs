@@ -33,7 +33,14 @@ async fn make_entries(h: &Harness, from: usize, count: usize) {
 
 #[tokio::test]
 async fn paging_reads_every_kept_entry_once_and_tailing_misses_none() {
-    let h = Harness::start().await;
+    // More blocks than blocking.max_blocks allows by default.
+    let mut config = test_config();
+    config.blocking.max_blocks = 20_000;
+    let h = Harness::with(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
     make_entries(&h, 0, 4_000).await;
     let (_, oldest, newest) = page(&h, "limit=1").await;
     assert!(newest >= 10_000, "{newest} entries made");

@@ -347,3 +347,81 @@ async fn new_alerts_beyond_the_limit_get_503_and_what_was_taken_is_kept() {
         "{limits:?}"
     );
 }
+
+#[tokio::test]
+async fn reports_count_only_the_configured_endpoints_and_blocks_stop_at_the_limit() {
+    let mut config = test_config();
+    config.models.get_mut("qwen-72b").unwrap().pools = vec![
+        stanch_core::config::PoolConfig::Full {
+            name: "dc-a".into(),
+            endpoints: vec!["10.0.0.7:8000".into()],
+        },
+        stanch_core::config::PoolConfig::Name("dc-b".into()),
+    ];
+    config.blocking.max_blocks = 2;
+    let h = Harness::with(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
+    let failing = |endpoint: &str, model: &str| {
+        serde_json::json!({"endpoint": endpoint, "model": model,
+            "successes": 0, "failures": 5, "consecutive_failures": 5})
+    };
+    let body = serde_json::json!({"gateway": "gw-1", "endpoints": [
+        failing("http://10.0.0.7:8000", "qwen-72b"),
+        failing("http://10.0.0.7:8000", "qwen-72b"),
+        failing("http://made-up:1", "qwen-72b"),
+        failing("http://made-up:1", "no-such-model"),
+    ]});
+    let r: Value = h
+        .post("/v1/reports", Some(INGEST), body.to_string())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r["accepted"].as_u64(), r["refused"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let blocked = h.routes().await["blocked"].as_array().unwrap().clone();
+    assert_eq!(blocked.len(), 1);
+    assert_eq!(blocked[0]["endpoint"], "http://10.0.0.7:8000");
+    let metrics = h.get("/metrics", Some(READ)).await.text().await.unwrap();
+    for kind in ["unknown_endpoint", "unknown_model"] {
+        assert!(
+            metrics.contains(&format!(
+                "stanch_reports_refused_total{{kind=\"{kind}\"}} 1"
+            )),
+            "{kind}: {metrics}"
+        );
+    }
+
+    // The operator's blocks fill the limit; one more is refused, saying why.
+    let block = |endpoint: &str| serde_json::json!({"endpoint": endpoint, "ttl": "1h", "reason": "by hand"});
+    for endpoint in ["http://o1:1", "http://o2:1"] {
+        assert_eq!(h.admin("block", block(endpoint)).await.status(), 200);
+    }
+    let r = h.admin("block", block("http://o3:1")).await;
+    assert_eq!(r.status(), 409);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"], "block_limit");
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap()
+            .contains("blocking.max_blocks"),
+        "{e}"
+    );
+    let blocked = h.routes().await["blocked"].as_array().unwrap().clone();
+    assert_eq!(
+        blocked.len(),
+        2,
+        "the fleet block gave way; the third was not made"
+    );
+    let metrics = h.get("/metrics", Some(READ)).await.text().await.unwrap();
+    assert!(
+        metrics.contains("stanch_blocks_refused_total{kind=\"limit\"} 1"),
+        "{metrics}"
+    );
+}

@@ -21,9 +21,13 @@ use crate::config::Config;
 use crate::decision::{Decision, ResolvedBy};
 use crate::ladder::{self, Ctx, Health};
 use crate::mapping::{Condition, Mapper};
+
+mod fleet;
+
 use crate::state::{
     AlertRecord, BlockKey, BlockSource, EngineState, ModelState, Published, Tombstone,
 };
+pub use fleet::ReportRefusals;
 
 /// The longest endpoint name an override may give, as in gateways' reports.
 pub const MAX_ENDPOINT_BYTES: usize = 512;
@@ -156,6 +160,8 @@ pub struct Step {
 pub struct Engine {
     config: Config,
     mapper: Mapper,
+    /// The endpoints the configuration lists per model, for admitting reports.
+    topology: fleet::Topology,
     state: EngineState,
     overflow: Overflow,
 }
@@ -164,7 +170,8 @@ pub struct Engine {
 /// is done as one [`Decision::AlertLimit`] per source.
 #[derive(Debug, Clone, Default)]
 struct Overflow {
-    /// [`Decision::AlertLimit`]s, at most one per source.
+    /// [`Decision::AlertLimit`]s, at most one per source, and at most one
+    /// [`Decision::BlockLimit`].
     limits: Vec<Decision>,
     /// Set once a search for an unmapped alert to drop found none, so that the rest
     /// of a full step need not search again; cleared when one is taken in.
@@ -223,6 +230,40 @@ impl Overflow {
         }
     }
 
+    /// Counts a block refused (`refused`) or displaced at the block limit.
+    fn record_block(&mut self, limit: usize, endpoint: &str, refused: bool) {
+        let at = self
+            .limits
+            .iter()
+            .position(|d| matches!(d, Decision::BlockLimit { .. }))
+            .unwrap_or_else(|| {
+                self.limits.push(Decision::BlockLimit {
+                    limit,
+                    refused: 0,
+                    displaced: 0,
+                    endpoints: Vec::new(),
+                });
+                self.limits.len() - 1
+            });
+        let Decision::BlockLimit {
+            refused: r,
+            displaced,
+            endpoints,
+            ..
+        } = &mut self.limits[at]
+        else {
+            unreachable!("found as a block-limit decision")
+        };
+        if refused {
+            *r += 1;
+            if endpoints.len() < Decision::NAMES_KEPT && !endpoints.iter().any(|e| e == endpoint) {
+                endpoints.push(endpoint.to_owned());
+            }
+        } else {
+            *displaced += 1;
+        }
+    }
+
     /// The step's decisions, and a clean slate for the next step.
     fn take(&mut self) -> Vec<Decision> {
         self.none_unmapped = false;
@@ -265,6 +306,7 @@ impl Engine {
             });
         }
         Engine {
+            topology: fleet::Topology::of(&config),
             config,
             mapper,
             state,
@@ -311,9 +353,10 @@ impl Engine {
             Input::Configure { config } => self.configure(*config, now, &mut out),
             Input::Tick => {}
         }
-        out.append(&mut self.overflow.take());
         self.expire_alerts(now, &mut out);
         self.evaluate_blocks(now, &mut out);
+        // What the limits turned away in this step, alerts and blocks alike.
+        out.append(&mut self.overflow.take());
         self.evaluate_models(now, &mut out);
         self.publish(now, &mut out);
         if is_tick {
@@ -334,6 +377,7 @@ impl Engine {
         let mapper = Mapper::new(&config);
         let fitted = fit(&mut self.state, &config, &mapper, now);
         self.state.config = Some(Box::new(config.clone()));
+        self.topology = fleet::Topology::of(&config);
         self.config = config;
         self.mapper = mapper;
         out.push(Decision::Configured {
@@ -750,8 +794,25 @@ impl Engine {
         st.freeze.as_ref().map(|f| f.reason.clone())
     }
 
+    /// Makes a block within `blocking.max_blocks` (see [`blocks::block`]), counting
+    /// what the limit refused or displaced. True when the block is in place.
+    fn block(&mut self, new: NewBlock, now: Timestamp, out: &mut Vec<Decision>) -> bool {
+        let endpoint = new.key.endpoint.clone();
+        let limit = self.config.blocking.max_blocks;
+        match blocks::block(&mut self.state, &self.config.blocking, new, now, out) {
+            blocks::Made::Blocked => true,
+            blocks::Made::Displaced(_) => {
+                self.overflow.record_block(limit, &endpoint, false);
+                true
+            }
+            blocks::Made::Refused => {
+                self.overflow.record_block(limit, &endpoint, true);
+                false
+            }
+        }
+    }
+
     fn evaluate_blocks(&mut self, now: Timestamp, out: &mut Vec<Decision>) {
-        let policy = &self.config.blocking;
         let expired: Vec<BlockKey> = self
             .state
             .blocks
@@ -798,7 +859,7 @@ impl Engine {
                         source: record.source,
                         fixed: None,
                     };
-                    blocks::block(&mut self.state, policy, new, now, out);
+                    self.block(new, now, out);
                 }
             }
         }
@@ -827,7 +888,9 @@ impl Engine {
             if let Some(record) = self.state.alerts.get_mut(&fp) {
                 record.block_applied = true;
             }
-            if let Some(pattern) = policy
+            if let Some(pattern) = self
+                .config
+                .blocking
                 .never_block
                 .iter()
                 .find(|p| blocks::glob_match(p, &key.endpoint))
@@ -844,120 +907,7 @@ impl Engine {
                     source: BlockSource::Alert(fp),
                     fixed: None,
                 };
-                blocks::block(&mut self.state, policy, new, now, out);
-            }
-        }
-    }
-
-    /// Merges one gateway's report and blocks what the fleet triggers say is failing.
-    fn reports(
-        &mut self,
-        gateway: String,
-        reports: Vec<stanch_api::reports::EndpointReport>,
-        now: Timestamp,
-        out: &mut Vec<Decision>,
-    ) {
-        let policy = self.config.blocking.fleet.clone();
-        let mut touched = Vec::new();
-        for r in reports {
-            if !self.config.models.contains_key(&r.model) {
-                continue; // A model this controller does not manage.
-            }
-            let key = BlockKey {
-                endpoint: r.endpoint,
-                model: Some(r.model),
-            };
-            let stats = self.state.fleet.entry(key.clone()).or_default();
-            stats.samples.push_back((now, r.successes, r.failures));
-            while stats
-                .samples
-                .front()
-                .is_some_and(|(t, _, _)| now.since(*t) > policy.window.0)
-            {
-                stats.samples.pop_front();
-            }
-            // A run of failures may have begun in an earlier report, but it can only
-            // have grown by the failures this one carries: a report claiming more
-            // (five in a row out of one failure) is held to what it can show.
-            let before = stats.streaks.get(&gateway).copied().unwrap_or(0);
-            let grown = u32::try_from(r.failures).unwrap_or(u32::MAX);
-            let streak = r.consecutive_failures.min(before.saturating_add(grown));
-            stats.streaks.insert(gateway.clone(), streak);
-            touched.push(key);
-        }
-        for key in touched {
-            if self.state.blocks.contains_key(&key)
-                || self.state.blocks.contains_key(&BlockKey {
-                    endpoint: key.endpoint.clone(),
-                    model: None,
-                })
-            {
-                continue;
-            }
-            let Some(stats) = self.state.fleet.get(&key) else {
-                continue;
-            };
-            let (ok, failed) = stats
-                .samples
-                .iter()
-                .fold((0u64, 0u64), |(s, f), (_, a, b)| {
-                    (s.saturating_add(*a), f.saturating_add(*b))
-                });
-            let total = ok.saturating_add(failed);
-            let streak = stats.streaks.values().copied().max().unwrap_or(0);
-            let trigger =
-                if policy.consecutive_failures > 0 && streak >= policy.consecutive_failures {
-                    format!("a gateway saw {streak} failures in a row")
-                } else if policy.window_failures > 0 && failed >= policy.window_failures {
-                    format!("{failed} failures across gateways within {}", policy.window)
-                } else if policy.failure_rate > 0.0
-                    && total >= policy.min_requests
-                    && failed as f64 / total as f64 >= policy.failure_rate
-                {
-                    format!(
-                        "failure rate {:.0} % across gateways ({failed} of {total})",
-                        100.0 * failed as f64 / total as f64,
-                    )
-                } else {
-                    continue;
-                };
-            // Counted once: the next block needs fresh evidence.
-            self.state.fleet.remove(&key);
-            let refusal = if let Some(p) = self
-                .config
-                .blocking
-                .never_block
-                .iter()
-                .find(|p| blocks::glob_match(p, &key.endpoint))
-            {
-                Some(format!("matches never-block pattern {p:?}"))
-            } else if self.frozen(key.model.as_deref()).is_some() {
-                Some("frozen".to_owned())
-            } else if blocks::only_endpoint(&self.config, &key)
-                && self.state.strikes.get(&key).is_some_and(|s| {
-                    now.since(s.last) <= self.config.blocking.backoff.reset_after.0
-                })
-            {
-                Some("it is the only endpoint of its pool; not extending the block".to_owned())
-            } else {
-                None
-            };
-            match refusal {
-                Some(why) => out.push(Decision::BlockSkipped {
-                    endpoint: key.endpoint,
-                    model: key.model,
-                    why,
-                }),
-                None => {
-                    let reason = format!("fleet reports: {trigger}");
-                    let new = NewBlock {
-                        key,
-                        reason,
-                        source: BlockSource::Fleet,
-                        fixed: None,
-                    };
-                    blocks::block(&mut self.state, &self.config.blocking, new, now, out);
-                }
+                self.block(new, now, out);
             }
         }
     }
@@ -1076,13 +1026,7 @@ impl Engine {
                 self.state.tombstones.remove(&fp);
             }
         }
-        let window = self.config.blocking.fleet.window.0;
-        self.state.fleet.retain(|_, stats| {
-            stats
-                .samples
-                .back()
-                .is_some_and(|(t, _, _)| now.since(*t) <= window)
-        });
+        self.prune_fleet(now);
         let reset = self.config.blocking.backoff.reset_after.0;
         let blocks = &self.state.blocks;
         self.state
@@ -1197,21 +1141,25 @@ impl Engine {
                 reason,
             } => {
                 let key = BlockKey { endpoint, model };
-                record(
-                    "block",
-                    key.model.as_deref(),
-                    format!("{key} blocked by operator"),
-                    &reason,
-                );
+                let done = Decision::Override {
+                    action: "block".to_owned(),
+                    model: key.model.clone(),
+                    detail: format!("{key} blocked by operator"),
+                    reason: reason.clone(),
+                };
                 let fixed = Some(ttl.map_or(self.config.blocking.ttl.0, |d| d.0));
-                let policy = &self.config.blocking;
                 let new = NewBlock {
                     key,
                     reason,
                     source: BlockSource::Operator,
                     fixed,
                 };
-                blocks::block(&mut self.state, policy, new, now, out);
+                // At the block limit with only operators' blocks held, nothing is done
+                // and the step's block-limit decision says so.
+                let at = out.len();
+                if self.block(new, now, out) {
+                    out.insert(at, done);
+                }
             }
             Command::Unblock {
                 endpoint,

@@ -19,8 +19,10 @@ use std::time::Duration;
 
 use hyper::header::{self, HeaderValue};
 use secrecy::SecretString;
+use stanch_api::Timestamp;
 use stanch_api::hash::Fnv64;
-use stanch_api::{RouteTable, Timestamp};
+
+use crate::table::Applied;
 use tokio::time::Instant;
 
 use crate::config::BlockingPolicy;
@@ -342,23 +344,10 @@ impl Endpoint {
         h.blocked_until.filter(|u| *u > now)
     }
 
-    /// The block the route table puts on this endpoint for its model at `now`, if any.
-    pub fn blocked_by(&self, table: &RouteTable, now: Timestamp) -> Option<Timestamp> {
-        table
-            .blocked
-            .iter()
-            .filter(|b| b.until > now && b.model.as_ref().is_none_or(|m| *m == self.model))
-            // A block names the endpoint by URL or by host:port, which the URL ends with
-            // right after `//` (compared in place: this runs for every candidate).
-            .filter(|b| {
-                self.url == b.endpoint
-                    || self
-                        .url
-                        .strip_suffix(b.endpoint.as_str())
-                        .is_some_and(|scheme| scheme.ends_with("//"))
-            })
-            .map(|b| b.until)
-            .min()
+    /// The block the route table puts on this endpoint for its model at `now`, if any:
+    /// a lookup in the table's index of blocks, not a scan of them.
+    pub fn blocked_by(&self, table: &Applied, now: Timestamp) -> Option<Timestamp> {
+        table.block_on(&self.url, &self.model, now)
     }
 
     /// What choosing needs to know of this endpoint at `now`, read under one lock:
@@ -724,13 +713,15 @@ mod tests {
             until: Timestamp::from_millis(until),
             reason: "test".into(),
         };
-        let table = |blocked: Vec<BlockedEndpoint>| RouteTable {
-            version: 1,
-            epoch: "e".into(),
-            hash: String::new(),
-            generated_at: Timestamp::from_millis(0),
-            models: Default::default(),
-            blocked,
+        let table = |blocked: Vec<BlockedEndpoint>| {
+            Applied::new(std::sync::Arc::new(stanch_api::RouteTable {
+                version: 1,
+                epoch: "e".into(),
+                hash: String::new(),
+                generated_at: Timestamp::from_millis(0),
+                models: Default::default(),
+                blocked,
+            }))
         };
         let now = Timestamp::from_millis(1_000);
         let blocked = |b: BlockedEndpoint| e.blocked_by(&table(vec![b]), now);

@@ -16,6 +16,7 @@ mod json;
 pub mod metrics;
 pub mod outcome;
 mod per_worker;
+pub mod table;
 mod window;
 
 // A request's way through the gateway: the front, admission, the route table's word,
@@ -76,6 +77,8 @@ pub struct Gateway {
     pub(crate) faqs: BTreeMap<String, Faq>,
     pub(crate) budget: RetryBudget,
     pub(crate) routes: Option<stanch_client::Routes>,
+    /// The current table with its blocks indexed, made once per table.
+    applied: arc_swap::ArcSwapOption<table::Applied>,
     pub(crate) metrics: Metrics,
     /// How connections are made: the endpoints' pools and the controller's.
     pub(crate) connector: upstream::Connector,
@@ -174,6 +177,7 @@ impl Gateway {
             faqs,
             budget,
             routes,
+            applied: arc_swap::ArcSwapOption::empty(),
             metrics,
             connector,
             model_histograms,
@@ -218,11 +222,19 @@ impl Gateway {
             .map(String::as_str)
     }
 
-    /// The applied route table, if any.
-    pub(crate) fn table(&self) -> Option<Arc<RouteTable>> {
-        self.routes
-            .as_ref()
-            .and_then(stanch_client::Routes::current)
+    /// The applied route table, if any, with its blocks indexed.
+    pub(crate) fn table(&self) -> Option<Arc<table::Applied>> {
+        let current = self.routes.as_ref()?.current()?;
+        if let Some(applied) = self.applied.load_full()
+            && Arc::ptr_eq(applied.table(), &current)
+        {
+            return Some(applied);
+        }
+        // A new table: the first request to see it indexes it (workers that race
+        // here each index it once; the last stored wins, and all are equal).
+        let applied = Arc::new(table::Applied::new(current));
+        self.applied.store(Some(applied.clone()));
+        Some(applied)
     }
 
     /// Checks that a route table can be applied here (the controller hears why not).
@@ -358,7 +370,7 @@ fn start_counting(metrics: &Metrics, e: &Endpoint) {
 
 /// The route table a gateway has applied, if any (for status pages and tests).
 pub fn applied_table(gateway: &Gateway) -> Option<Arc<RouteTable>> {
-    gateway.table()
+    gateway.table().map(|a| a.table().clone())
 }
 
 /// How the gateway's listener treats connections: a caller brings each request's

@@ -151,7 +151,7 @@ pub(crate) struct Ctx<'g> {
     pub(crate) raw: Bytes,
     pub(crate) stream: bool,
     /// The route table in force for this request, read once as it was admitted.
-    pub(crate) table: Option<Arc<RouteTable>>,
+    pub(crate) table: Option<Arc<crate::table::Applied>>,
     /// The wall-clock time the table is judged at (leases, blocks).
     pub(crate) wall: Timestamp,
     pub(crate) version: u64,
@@ -176,6 +176,11 @@ impl Ctx<'_> {
     /// says so).
     pub(crate) fn vip(&self) -> bool {
         self.tenant.is_some_and(|i| self.gw.tenants[i].vip)
+    }
+
+    /// The route table this request is routed by, if any.
+    pub(crate) fn route_table(&self) -> Option<&RouteTable> {
+        self.table.as_deref().map(|a| &**a)
     }
 
     /// Time left on the block this request's route table puts on `e`, if any.

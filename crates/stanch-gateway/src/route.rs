@@ -50,7 +50,7 @@ pub(crate) fn route<'g>(ctx: &mut Ctx<'g>) -> Route<'g> {
                     .inc();
             }
             ctx.serving = model;
-            Route::Plan(plan(ctx.gw, model, ctx.table.as_deref(), ctx.wall))
+            Route::Plan(plan(ctx.gw, model, ctx.route_table(), ctx.wall))
         }
     }
 }
@@ -60,7 +60,7 @@ pub(crate) fn route<'g>(ctx: &mut Ctx<'g>) -> Route<'g> {
 /// own alias.
 fn decide<'g>(ctx: &Ctx<'g>) -> Decision<'g> {
     let gw: &'g Gateway = ctx.gw;
-    let (model, table) = (ctx.model, ctx.table.as_deref());
+    let (model, table) = (ctx.model, ctx.route_table());
     let faq_answers = ctx.api.answers_from_faq();
     let Some(entry) = honoured(table, model, ctx.wall) else {
         return Decision::Serve {

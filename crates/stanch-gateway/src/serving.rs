@@ -115,7 +115,7 @@ pub(crate) async fn serve<'g>(ctx: &mut Ctx<'g>, mut targets: Vec<Target<'g>>) -
                     if let Some(larger) = larger {
                         redirected = true;
                         count_fallback(gw, "larger_context");
-                        targets = plan(gw, larger, ctx.table.as_deref(), ctx.wall);
+                        targets = plan(gw, larger, ctx.route_table(), ctx.wall);
                         passed_over.clear();
                         t = 0;
                         continue 'targets;

@@ -61,7 +61,7 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
         let (now, wall) = (Instant::now(), gateway.clock.now());
         let due = gateway
             .endpoints()
-            .filter_map(|e| idle(e, table.as_deref(), now, wall).map(|why| (e, why)));
+            .filter_map(|e| idle(e, table.as_deref().map(|a| &**a), now, wall).map(|why| (e, why)));
         // Concurrently: one slow endpoint does not delay the others' evidence.
         let probes = due.map(|(e, why)| {
             let gateway = &gateway;

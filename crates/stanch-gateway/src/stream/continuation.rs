@@ -125,7 +125,7 @@ pub(crate) async fn continuation(
         tenant: r.tenant,
         forward: r.forward.clone(),
     };
-    let targets = plan(&gw, serving, ctx.table.as_deref(), ctx.wall);
+    let targets = plan(&gw, serving, ctx.route_table(), ctx.wall);
     let deadline = r.started + gw.config.timeouts.total.0;
     let mut found = None;
     'targets: for t in 0..targets.len() {

@@ -195,79 +195,89 @@ impl Overflow {
         alertname: Option<&str>,
         how: Overflowed,
     ) {
-        let at = self
-            .limits
-            .iter()
-            .position(|d| matches!(d, Decision::AlertLimit { source: s, .. } if *s == source))
-            .unwrap_or_else(|| {
-                self.limits.push(Decision::AlertLimit {
-                    source,
-                    limit,
-                    refused: 0,
-                    displaced: 0,
-                    alertnames: Vec::new(),
-                });
-                self.limits.len() - 1
-            });
+        let slot = self.slot(
+            |d| matches!(d, Decision::AlertLimit { source: s, .. } if *s == source),
+            || Decision::AlertLimit {
+                source,
+                limit,
+                refused: 0,
+                displaced: 0,
+                alertnames: Vec::new(),
+            },
+        );
         let Decision::AlertLimit {
             refused,
             displaced,
             alertnames,
             ..
-        } = &mut self.limits[at]
+        } = slot
         else {
-            unreachable!("overflow holds only alert-limit decisions")
+            unreachable!("found as an alert-limit decision")
         };
         match how {
             Overflowed::Refused => *refused += 1,
             Overflowed::Displaced => *displaced += 1,
         }
-        if let Some(name) = alertname
-            && alertnames.len() < Decision::NAMES_KEPT
-            && !alertnames.iter().any(|n| n == name)
-        {
-            alertnames.push(name.to_owned());
+        if let Some(name) = alertname {
+            keep_name(alertnames, name);
         }
     }
 
     /// Counts a block refused (`refused`) or displaced at the block limit.
     fn record_block(&mut self, limit: usize, endpoint: &str, refused: bool) {
-        let at = self
-            .limits
-            .iter()
-            .position(|d| matches!(d, Decision::BlockLimit { .. }))
-            .unwrap_or_else(|| {
-                self.limits.push(Decision::BlockLimit {
-                    limit,
-                    refused: 0,
-                    displaced: 0,
-                    endpoints: Vec::new(),
-                });
-                self.limits.len() - 1
-            });
+        let slot = self.slot(
+            |d| matches!(d, Decision::BlockLimit { .. }),
+            || Decision::BlockLimit {
+                limit,
+                refused: 0,
+                displaced: 0,
+                endpoints: Vec::new(),
+            },
+        );
         let Decision::BlockLimit {
             refused: r,
             displaced,
             endpoints,
             ..
-        } = &mut self.limits[at]
+        } = slot
         else {
             unreachable!("found as a block-limit decision")
         };
         if refused {
             *r += 1;
-            if endpoints.len() < Decision::NAMES_KEPT && !endpoints.iter().any(|e| e == endpoint) {
-                endpoints.push(endpoint.to_owned());
-            }
+            keep_name(endpoints, endpoint);
         } else {
             *displaced += 1;
         }
+    }
+
+    /// The step's decision that `is` finds, added as `new` makes it if there is none.
+    fn slot(
+        &mut self,
+        is: impl Fn(&Decision) -> bool,
+        new: impl FnOnce() -> Decision,
+    ) -> &mut Decision {
+        let at = match self.limits.iter().position(is) {
+            Some(at) => at,
+            None => {
+                self.limits.push(new());
+                self.limits.len() - 1
+            }
+        };
+        &mut self.limits[at]
     }
 
     /// The step's decisions, and a clean slate for the next step.
     fn take(&mut self) -> Vec<Decision> {
         self.none_unmapped = false;
         std::mem::take(&mut self.limits)
+    }
+}
+
+/// Adds `name` to `names` unless it is there or [`Decision::NAMES_KEPT`] are.
+fn keep_name(names: &mut Vec<String>, name: &str) {
+    if names.len() < Decision::NAMES_KEPT && !names.iter().any(|n| n == name) {
+        names.push(name.to_owned());
     }
 }
 

@@ -18,6 +18,7 @@ pub mod proto;
 pub mod reports;
 pub mod routes;
 pub mod status;
+pub mod text;
 pub mod time;
 
 pub use duration::HumanDuration;

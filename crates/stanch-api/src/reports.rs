@@ -65,11 +65,17 @@ impl ReportBatch {
             return Err(format!("endpoints: at most {MAX_REPORT_ENDPOINTS}"));
         }
         for (i, e) in self.endpoints.iter().enumerate() {
-            if e.endpoint.trim().is_empty() || e.endpoint.len() > 512 {
-                return Err(format!("endpoints[{i}].endpoint: 1 to 512 characters"));
+            if !crate::routes::valid_endpoint(&e.endpoint) {
+                return Err(format!(
+                    "endpoints[{i}].endpoint: 1 to {} bytes, no control characters",
+                    crate::routes::MAX_ENDPOINT_BYTES
+                ));
             }
-            if e.model.trim().is_empty() || e.model.len() > 256 {
-                return Err(format!("endpoints[{i}].model: 1 to 256 characters"));
+            if e.model.trim().is_empty() || e.model.len() > crate::routes::MAX_MODEL_BYTES {
+                return Err(format!(
+                    "endpoints[{i}].model: 1 to {} bytes",
+                    crate::routes::MAX_MODEL_BYTES
+                ));
             }
             for (field, n) in [("successes", e.successes), ("failures", e.failures)] {
                 if n > MAX_REPORT_COUNT {

@@ -145,9 +145,51 @@ pub struct BlockedEndpoint {
     pub reason: String,
 }
 
+/// The longest route table, in bytes of its JSON, that any watch transport carries:
+/// clients read SSE events and gRPC messages up to this size. The controller's limits
+/// keep every table it can publish well within it.
+pub const MAX_TABLE_BYTES: usize = 32 << 20;
+
+/// The longest endpoint name a block may carry (reports, alerts, overrides and the
+/// configuration are held to it), in bytes.
+pub const MAX_ENDPOINT_BYTES: usize = 512;
+
+/// The longest model name, in bytes.
+pub const MAX_MODEL_BYTES: usize = 256;
+
+/// The longest reason a block carries in the table, in characters (a longer one is
+/// cut, with `…`; the history keeps the decision that made it).
+pub const MAX_BLOCK_REASON_CHARS: usize = 256;
+
+/// Whether `name` can name an endpoint: 1 to [`MAX_ENDPOINT_BYTES`] bytes, no control
+/// characters.
+pub fn valid_endpoint(name: &str) -> bool {
+    !name.trim().is_empty()
+        && name.len() <= MAX_ENDPOINT_BYTES
+        && !name.chars().any(char::is_control)
+}
+
+/// The names a block, a report or a configuration may give the endpoint at `url`: the
+/// URL itself, then what follows each `//` in it (`host:port`, with any path). One
+/// relation for every place that matches an endpoint to its name, so that the
+/// controller takes a report for exactly the endpoints a gateway would apply a block to.
+pub fn endpoint_names(url: &str) -> impl Iterator<Item = &str> {
+    std::iter::once(url).chain(url.match_indices("//").map(|(at, _)| &url[at + 2..]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_endpoint_is_named_by_its_url_or_what_follows_a_double_slash() {
+        let names: Vec<&str> = endpoint_names("http://10.0.0.7:8000").collect();
+        assert_eq!(names, ["http://10.0.0.7:8000", "10.0.0.7:8000"]);
+        let names: Vec<&str> = endpoint_names("10.0.0.7:8000").collect();
+        assert_eq!(names, ["10.0.0.7:8000"]);
+        let names: Vec<&str> = endpoint_names("http://a:1//b:2").collect();
+        assert_eq!(names, ["http://a:1//b:2", "a:1//b:2", "b:2"]);
+    }
 
     #[test]
     fn rung_wire_names_and_order() {

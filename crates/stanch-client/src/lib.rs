@@ -172,7 +172,7 @@ pub const LONG_POLL_GRACE: Duration = Duration::from_secs(10);
 
 /// The longest SSE event or gRPC message (one route table) read; a longer one is
 /// refused.
-const MAX_EVENT_BYTES: usize = 32 << 20;
+const MAX_EVENT_BYTES: usize = stanch_api::routes::MAX_TABLE_BYTES;
 
 /// The shortest and longest heartbeat interval a controller's header is believed
 /// for: a watcher neither drops a healthy stream every few milliseconds nor waits

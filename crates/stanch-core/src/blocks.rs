@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use stanch_api::hash::Fnv64;
+use stanch_api::routes::MAX_BLOCK_REASON_CHARS;
 use stanch_api::{HumanDuration, Timestamp};
 
 use crate::config::{BlockPolicy, Config};
@@ -31,6 +32,15 @@ pub(crate) fn jittered(
     let spread = stanch_api::jitter::spread(d, policy.jitter, h.finish());
     // Whole milliseconds, as times are kept.
     Duration::from_millis(spread.as_secs_f64().mul_add(1000.0, 0.5) as u64)
+}
+
+/// The never-block pattern `endpoint` matches, if one does.
+pub(crate) fn never_block<'p>(policy: &'p BlockPolicy, endpoint: &str) -> Option<&'p str> {
+    policy
+        .never_block
+        .iter()
+        .map(String::as_str)
+        .find(|p| glob_match(p, endpoint))
 }
 
 /// True when the endpoint is the only one of a pool it serves, so blocking it longer
@@ -61,8 +71,8 @@ pub(crate) struct NewBlock {
 pub(crate) enum Made {
     /// The block is in place.
     Blocked,
-    /// The block is in place, in the place of this one (at `max_blocks`).
-    Displaced(BlockKey),
+    /// The block is in place, in the place of a less trusted one (at `max_blocks`).
+    Displaced,
     /// At `max_blocks`, with no block of a lower kind to give way: nothing changed.
     Refused,
 }
@@ -94,6 +104,9 @@ pub(crate) fn block(
         source,
         fixed,
     } = new;
+    // Reasons carry text from outside (alert names, operators' words): the table
+    // holds them printable and bounded, so its size is bounded by its block count.
+    let reason = stanch_api::text::printable(&reason, MAX_BLOCK_REASON_CHARS);
     let mut made = Made::Blocked;
     if !state.blocks.contains_key(&key) && state.blocks.len() >= policy.max_blocks {
         let own = rank(&source);
@@ -115,7 +128,7 @@ pub(crate) fn block(
                 policy.max_blocks
             ),
         });
-        made = Made::Displaced(victim);
+        made = Made::Displaced;
     }
     let strikes = match state.strikes.get(&key) {
         Some(s) if now.since(s.last) <= policy.backoff.reset_after.0 => s.count.saturating_add(1),

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use stanch_api::HumanDuration;
+use stanch_api::routes::{MAX_ENDPOINT_BYTES, MAX_MODEL_BYTES, valid_endpoint};
 
 use crate::rules::{Action, Matcher};
 
@@ -253,8 +254,11 @@ pub struct BlockPolicy {
     pub max_blocks: usize,
 }
 
-/// The most [`BlockPolicy::max_blocks`] may be.
-pub const MAX_BLOCKS: usize = 100_000;
+/// The most [`BlockPolicy::max_blocks`] may be: with every field of a block at its
+/// bound, a table of this many blocks stays within half of
+/// [`MAX_TABLE_BYTES`](stanch_api::routes::MAX_TABLE_BYTES), so every watch transport
+/// delivers it.
+pub const MAX_BLOCKS: usize = 5_000;
 
 /// The most [`FleetPolicy::max_endpoints`] may be.
 pub const MAX_FLEET_ENDPOINTS: usize = 100_000;
@@ -428,6 +432,11 @@ impl Config {
             let at = format!("models.{name}");
             if name.trim().is_empty() {
                 problem(at.clone(), "model name is empty".into());
+            } else if name.len() > MAX_MODEL_BYTES || name.chars().any(char::is_control) {
+                problem(
+                    at.clone(),
+                    format!("model name: at most {MAX_MODEL_BYTES} bytes, no control characters"),
+                );
             }
             if model.pools.is_empty() {
                 problem(
@@ -437,6 +446,14 @@ impl Config {
             }
             let mut seen = BTreeSet::new();
             for (i, pool) in model.pools.iter().enumerate() {
+                for (j, endpoint) in pool.endpoints().iter().enumerate() {
+                    if !valid_endpoint(endpoint) {
+                        problem(
+                            format!("{at}.pools[{i}].endpoints[{j}]"),
+                            format!("1 to {MAX_ENDPOINT_BYTES} bytes, no control characters"),
+                        );
+                    }
+                }
                 if pool.name().trim().is_empty() {
                     problem(format!("{at}.pools[{i}]"), "pool name is empty".into());
                 } else if !seen.insert(pool.name()) {

@@ -243,7 +243,14 @@ impl Mapper {
                 model: self.known_model(&target()?)?,
             },
             Action::BlockEndpoint => Condition::BlockEndpoint {
-                endpoint: endpoint()?,
+                endpoint: Some(endpoint()?)
+                    .filter(|e| stanch_api::routes::valid_endpoint(e))
+                    .ok_or_else(|| {
+                        Unmapped(format!(
+                            "the endpoint is not 1 to {} bytes without control characters",
+                            stanch_api::routes::MAX_ENDPOINT_BYTES
+                        ))
+                    })?,
                 model: optional_model.map(|m| self.known_model(&m)).transpose()?,
             },
         })

@@ -35,19 +35,15 @@ impl Applied {
     }
 
     /// When the table's block on the endpoint at `url` serving `model` ends, if one
-    /// holds at `now`. A block names the endpoint by its URL, or by what the URL holds
-    /// after a `//` (its `host:port`, as a configuration may list it).
+    /// holds at `now`. A block names the endpoint by any of its
+    /// [`endpoint_names`](stanch_api::routes::endpoint_names).
     pub fn block_on(&self, url: &str, model: &str, now: Timestamp) -> Option<Timestamp> {
-        let named = |name: &str| {
-            self.blocks
-                .get(name)
-                .into_iter()
-                .flatten()
-                .filter(move |(m, until)| *until > now && m.as_deref().is_none_or(|m| m == model))
-                .map(|(_, until)| *until)
-        };
-        let after_slashes = url.match_indices("//").map(|(at, _)| &url[at + 2..]);
-        named(url).chain(after_slashes.flat_map(named)).min()
+        stanch_api::routes::endpoint_names(url)
+            .filter_map(|name| self.blocks.get(name))
+            .flatten()
+            .filter(|(m, until)| *until > now && m.as_deref().is_none_or(|m| m == model))
+            .map(|(_, until)| *until)
+            .min()
     }
 }
 

@@ -676,15 +676,11 @@ impl EngineTask {
                     .send(Err(EngineUnavailable::Store { kind: "backlog" }));
                 continue;
             }
-            // A report is journaled as the engine takes it, never as it was sent.
-            let (input, refused) = self.engine.admit(job.input);
+            // A report is journaled as the engine took it, never as it was sent.
+            let (admitted, refused) = self.engine.admit(job.input);
             self.count_refused(&refused);
-            if matches!(&input, Input::Reports { endpoints, .. } if endpoints.is_empty()) {
-                // Nothing left to count: nothing to journal either.
-                answered.push((job.reply, job.arrived, Vec::new(), refused));
-                continue;
-            }
-            let step = self.engine.step(input.clone(), now);
+            let input = admitted.input().clone();
+            let step = self.engine.step_admitted(admitted, now);
             if step.changed {
                 self.unsynced.push(Record {
                     seq: self.next_seq,

@@ -77,11 +77,7 @@ pub fn clean_reason(reason: &str) -> String {
     } else {
         reason
     };
-    reason
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(MAX_REASON_CHARS)
-        .collect()
+    stanch_api::text::printable(reason, MAX_REASON_CHARS)
 }
 
 impl Gateways {

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use stanch_api::Timestamp;
 use stanch_api::reports::EndpointReport;
+use stanch_api::routes::endpoint_names;
 
 use super::{Engine, Input};
 use crate::blocks::{self, NewBlock};
@@ -76,29 +77,36 @@ impl Topology {
     }
 }
 
-/// Whether a reported endpoint is the listed one: the same text, or a URL whose
-/// authority is the listed `host:port` (gateways name endpoints by URL, a
-/// configuration may list `host:port`), as the gateways match blocks.
-fn names(listed: &BTreeSet<String>, reported: &str) -> bool {
-    listed.contains(reported)
-        || reported
-            .split_once("//")
-            .is_some_and(|(scheme, authority)| {
-                scheme.ends_with(':') && listed.contains(authority.trim_end_matches('/'))
-            })
+/// Whether a reported endpoint is one the configuration lists, by any name a block
+/// could give it ([`endpoint_names`]): a configuration may list `host:port` where
+/// gateways report URLs.
+fn listed_as(listed: &BTreeSet<String>, reported: &str) -> bool {
+    endpoint_names(reported).any(|name| listed.contains(name))
+}
+
+/// An input as [`Engine::admit`] took it, for the engine's next step
+/// ([`Engine::step_admitted`]); only `admit` makes one.
+#[derive(Debug, Clone)]
+pub struct Admitted(pub(super) Input);
+
+impl Admitted {
+    /// The input as taken: what a journal keeps to replay the step.
+    pub fn input(&self) -> &Input {
+        &self.0
+    }
 }
 
 impl Engine {
     /// Trims a report to what the engine takes from it now (see the module docs);
-    /// any other input is returned as it is. Stepping the trimmed input changes the
-    /// state exactly as stepping the whole one would, so it is what gets journaled.
-    pub fn admit(&self, input: Input) -> (Input, ReportRefusals) {
+    /// any other input is taken as it is. Stepping what it took changes the state
+    /// exactly as stepping the whole input would, so it is what gets journaled.
+    pub fn admit(&self, input: Input) -> (Admitted, ReportRefusals) {
         match input {
             Input::Reports { gateway, endpoints } => {
                 let (endpoints, refused) = self.admit_reports(endpoints);
-                (Input::Reports { gateway, endpoints }, refused)
+                (Admitted(Input::Reports { gateway, endpoints }), refused)
             }
-            other => (other, ReportRefusals::default()),
+            other => (Admitted(other), ReportRefusals::default()),
         }
     }
 
@@ -131,7 +139,7 @@ impl Engine {
                 continue;
             }
             match self.topology.listed(&r.model) {
-                Some(listed) if !names(listed, &r.endpoint) => {
+                Some(listed) if !listed_as(listed, &r.endpoint) => {
                     refused.unknown_endpoint += 1;
                     continue;
                 }
@@ -156,7 +164,8 @@ impl Engine {
         (kept, refused)
     }
 
-    /// Merges one gateway's report and blocks what the fleet triggers say is failing.
+    /// Merges one gateway's report, as [`Engine::admit`] took it, and blocks what the
+    /// fleet triggers say is failing.
     pub(super) fn reports(
         &mut self,
         gateway: String,
@@ -164,9 +173,6 @@ impl Engine {
         now: Timestamp,
         out: &mut Vec<Decision>,
     ) {
-        // Stepped directly (a test, a replay of a journal written before reports were
-        // trimmed), a report is held to the same bounds.
-        let (reports, _) = self.admit_reports(reports);
         let policy = self.config.blocking.fleet.clone();
         let slot = i64::try_from(policy.window.0.as_millis() / u128::from(FleetStats::SLOTS))
             .unwrap_or(i64::MAX)
@@ -272,13 +278,7 @@ impl Engine {
         // Counted once: the next block needs fresh evidence.
         self.state.fleet.remove(&key);
         let refusal =
-            if let Some(p) = self
-                .config
-                .blocking
-                .never_block
-                .iter()
-                .find(|p| blocks::glob_match(p, &key.endpoint))
-            {
+            if let Some(p) = blocks::never_block(&self.config.blocking, &key.endpoint) {
                 Some(format!("matches never-block pattern {p:?}"))
             } else if self.frozen(key.model.as_deref()).is_some() {
                 Some("frozen".to_owned())

@@ -27,10 +27,9 @@ mod fleet;
 use crate::state::{
     AlertRecord, BlockKey, BlockSource, EngineState, ModelState, Published, Tombstone,
 };
-pub use fleet::ReportRefusals;
+pub use fleet::{Admitted, ReportRefusals};
 
-/// The longest endpoint name an override may give, as in gateways' reports.
-pub const MAX_ENDPOINT_BYTES: usize = 512;
+pub use stanch_api::routes::MAX_ENDPOINT_BYTES;
 
 /// Resolved alerts remembered at most, whatever their age.
 const MAX_TOMBSTONES: usize = 10_000;
@@ -344,10 +343,21 @@ impl Engine {
         check_command(&self.config, command)
     }
 
-    /// Acts on one input at time `now`.
+    /// Acts on one input at time `now`: [`Engine::admit`]s it, then steps it.
     pub fn step(&mut self, input: Input, now: Timestamp) -> Step {
+        let (admitted, _) = self.admit(input);
+        self.step_admitted(admitted, now)
+    }
+
+    /// Acts on an input [`Engine::admit`] took. A writer that journals calls `admit`
+    /// itself, keeps what it took, and steps it here, so a report is trimmed once.
+    pub fn step_admitted(&mut self, admitted: Admitted, now: Timestamp) -> Step {
+        let input = admitted.0;
         let mut out = Vec::new();
         let is_tick = matches!(input, Input::Tick);
+        // An input that brings nothing is journaled only if the step it makes does.
+        let inert =
+            is_tick || matches!(&input, Input::Reports { endpoints, .. } if endpoints.is_empty());
         self.expire_overrides(now, &mut out);
         match input {
             Input::Alerts { alerts } => {
@@ -373,7 +383,7 @@ impl Engine {
             self.prune(now);
         }
         Step {
-            changed: !is_tick || !out.is_empty(),
+            changed: !inert || !out.is_empty(),
             decisions: out,
         }
     }
@@ -811,7 +821,7 @@ impl Engine {
         let limit = self.config.blocking.max_blocks;
         match blocks::block(&mut self.state, &self.config.blocking, new, now, out) {
             blocks::Made::Blocked => true,
-            blocks::Made::Displaced(_) => {
+            blocks::Made::Displaced => {
                 self.overflow.record_block(limit, &endpoint, false);
                 true
             }
@@ -898,13 +908,7 @@ impl Engine {
             if let Some(record) = self.state.alerts.get_mut(&fp) {
                 record.block_applied = true;
             }
-            if let Some(pattern) = self
-                .config
-                .blocking
-                .never_block
-                .iter()
-                .find(|p| blocks::glob_match(p, &key.endpoint))
-            {
+            if let Some(pattern) = blocks::never_block(&self.config.blocking, &key.endpoint) {
                 out.push(Decision::BlockSkipped {
                     endpoint: key.endpoint,
                     model: key.model,
@@ -1264,8 +1268,10 @@ pub fn check_command(config: &Config, command: &Command) -> Result<(), String> {
     let non_empty = |what: &str, v: &str| {
         if v.trim().is_empty() {
             Err(format!("{what}: must not be empty"))
-        } else if v.len() > MAX_ENDPOINT_BYTES {
-            Err(format!("{what}: at most {MAX_ENDPOINT_BYTES} bytes"))
+        } else if !stanch_api::routes::valid_endpoint(v) {
+            Err(format!(
+                "{what}: at most {MAX_ENDPOINT_BYTES} bytes, no control characters"
+            ))
         } else {
             Ok(())
         }

@@ -73,7 +73,7 @@ fn a_report_names_only_endpoints_of_the_configured_pools() {
         "gw",
         vec![
             entry("http://a1:8000", "qwen-72b", 1, 0, 0), // listed as host:port
-            entry("https://a1:8000/", "qwen-72b", 1, 0, 0), // the same, with a slash
+            entry("https://a1:8000/", "qwen-72b", 1, 0, 0), // a path: not what gateways match
             entry("http://a2:8000", "qwen-72b", 1, 0, 0), // listed as the URL
             entry("http://evil:1", "qwen-72b", 1, 0, 0),  // not in its pools
             entry("a2:8000", "qwen-72b", 1, 0, 0),        // a URL is listed: not this
@@ -81,24 +81,16 @@ fn a_report_names_only_endpoints_of_the_configured_pools() {
             entry("http://a1:8000", "llama", 1, 0, 0),    // not managed here
         ],
     ));
-    let Input::Reports { endpoints, .. } = admitted else {
+    let Input::Reports { endpoints, .. } = admitted.input() else {
         panic!("a report stays a report");
     };
     let kept: Vec<&str> = endpoints.iter().map(|r| r.endpoint.as_str()).collect();
-    assert_eq!(
-        kept,
-        [
-            "http://a1:8000",
-            "https://a1:8000/",
-            "http://a2:8000",
-            "http://x:1"
-        ]
-    );
+    assert_eq!(kept, ["http://a1:8000", "http://a2:8000", "http://x:1"]);
     assert_eq!(
         refused,
         ReportRefusals {
             unknown_model: 1,
-            unknown_endpoint: 2,
+            unknown_endpoint: 3,
             limit: 0,
         }
     );
@@ -114,7 +106,7 @@ fn unlisted_models_track_at_most_max_endpoints_pairs_until_the_window_forgets_th
         .collect();
     let (admitted, refused) = e.admit(report("gw", many.clone()));
     assert_eq!(refused.limit, 7);
-    e.step(admitted, T0);
+    e.step_admitted(admitted, T0);
     assert_eq!(e.state().fleet.len(), 3);
     // Pairs already tracked keep being counted; new ones still are not.
     let (_, refused) = e.admit(report("gw", many.clone()));
@@ -125,7 +117,7 @@ fn unlisted_models_track_at_most_max_endpoints_pairs_until_the_window_forgets_th
     assert!(e.state().fleet.is_empty());
     let (admitted, refused) = e.admit(report("gw", many[5..].to_vec()));
     assert_eq!(refused.limit, 2);
-    e.step(admitted, later);
+    e.step_admitted(admitted, later);
     assert_eq!(e.state().fleet.len(), 3);
 }
 
@@ -137,11 +129,11 @@ fn one_pair_named_many_times_is_one_entry() {
         .collect();
     let (admitted, refused) = e.admit(report("gw", same));
     assert_eq!(refused.total(), 0);
-    let Input::Reports { endpoints, .. } = admitted else {
+    let Input::Reports { endpoints, .. } = admitted.input() else {
         panic!("a report stays a report");
     };
     assert_eq!(
-        endpoints,
+        *endpoints,
         [entry("http://e:1", "qwen-14b", 20_000, 10_000, 1)]
     );
 }
@@ -420,11 +412,78 @@ proptest! {
             } else if let Some(input) = to_input(op) {
                 let (admitted, _) = trimmed.admit(input.clone());
                 let a = whole.step(input, now);
-                let b = trimmed.step(admitted, now);
+                let b = trimmed.step_admitted(admitted, now);
                 prop_assert_eq!(a.decisions, b.decisions);
             }
             prop_assert_eq!(whole.state(), trimmed.state());
             check_bounds(&whole)?;
         }
+    }
+}
+
+/// Every field of a block at its bound, as many blocks as the largest
+/// `blocking.max_blocks` allows: the table is still one every watch transport carries.
+#[test]
+fn the_largest_table_the_limits_allow_is_one_every_transport_carries() {
+    use stanch_api::routes::{MAX_ENDPOINT_BYTES, MAX_MODEL_BYTES, MAX_TABLE_BYTES};
+    use stanch_core::config::MAX_BLOCKS;
+
+    // Quotes double in JSON; four-byte characters are the longest per character.
+    let model = "\"".repeat(MAX_MODEL_BYTES);
+    let mut c = base_config();
+    let served = c.models["qwen-14b"].clone();
+    c.models.insert(model.clone(), served);
+    c.blocking.max_blocks = MAX_BLOCKS;
+    c.alerts.max_active = 2 * MAX_BLOCKS;
+    assert_eq!(c.validate(), []);
+    let mut e = engine(c);
+    let alertname = "𝄞\"".repeat(2_000);
+    let alerts = (0..MAX_BLOCKS + 100)
+        .map(|i| {
+            let endpoint = format!("{i:08}{}", "\"".repeat(MAX_ENDPOINT_BYTES - 8));
+            AlertBuilder::firing(&alertname)
+                .label("action", "block-endpoint")
+                .label("endpoint", &endpoint)
+                .label("target_model", &model)
+                .at(T0)
+                .build()
+        })
+        .collect();
+    let s = e.step(Input::Alerts { alerts }, T0);
+    assert_eq!(block_limits(&s.decisions), [(100, 0)]);
+    assert_eq!(e.state().blocks.len(), MAX_BLOCKS);
+    let json = serde_json::to_vec(&e.route_table()).expect("serializes");
+    eprintln!("the largest table: {} bytes", json.len());
+    assert!(
+        json.len() <= MAX_TABLE_BYTES / 2,
+        "{} bytes against {MAX_TABLE_BYTES}",
+        json.len()
+    );
+}
+
+#[test]
+fn an_alert_naming_an_endpoint_no_block_could_carry_maps_to_nothing() {
+    let mut e = engine(base_config());
+    for endpoint in ["x".repeat(513), "a\nb".to_owned()] {
+        let alert = AlertBuilder::firing("Down")
+            .label("action", "block-endpoint")
+            .label("endpoint", &endpoint)
+            .at(T0)
+            .build();
+        let s = e.step(
+            Input::Alerts {
+                alerts: vec![alert],
+            },
+            T0,
+        );
+        assert!(
+            s.decisions.iter().any(|d| matches!(
+                d,
+                Decision::AlertActive { unmapped: Some(why), .. } if why.contains("endpoint")
+            )),
+            "{:?}",
+            s.decisions
+        );
+        assert!(e.state().blocks.is_empty());
     }
 }

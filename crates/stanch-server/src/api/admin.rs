@@ -60,12 +60,6 @@ async fn run(
     let command = request.into_command();
     check_command(&state.config.load(), &command).map_err(ApiError::invalid)?;
     let applied = state.engine.apply(Input::Command { command }).await?;
-    if let Some(limit) = applied.decisions.iter().find_map(|d| match d {
-        Decision::BlockLimit { refused, limit, .. } if *refused > 0 => Some(*limit),
-        _ => None,
-    }) {
-        return Err(ApiError::BlockLimit { limit });
-    }
     let changed = applied
         .decisions
         .iter()
@@ -101,6 +95,21 @@ pub(super) async fn apply<R: Override>(
 ) -> Result<Json<AdminResponse>, ApiError> {
     let request: R = parse(&raw)?;
     Ok(run(&s, request).await?.1)
+}
+
+/// `POST /v1/admin/block`: 409 when the block was not made, which happens only at
+/// `blocking.max_blocks` with every block held an operator's.
+pub(super) async fn block(
+    State(s): State<AppState>,
+    Body(raw): Body,
+) -> Result<Json<AdminResponse>, ApiError> {
+    let request: BlockRequest = parse(&raw)?;
+    let (changed, response) = run(&s, request).await?;
+    if !changed {
+        let limit = s.config.load().blocking.max_blocks;
+        return Err(ApiError::BlockLimit { limit });
+    }
+    Ok(response)
 }
 
 /// `POST /v1/admin/unblock`: 404 when there is no such block, listing the blocks there are.

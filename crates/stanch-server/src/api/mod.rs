@@ -24,8 +24,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use stanch_api::admin::{
-    BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest, ThawRequest,
-    UnblockAllRequest,
+    DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest, ThawRequest, UnblockAllRequest,
 };
 use stanch_api::status::WatchTransport;
 use stanch_core::Config;
@@ -163,7 +162,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/release", post(admin::apply::<ReleaseRequest>))
         .route("/v1/admin/freeze", post(admin::apply::<FreezeRequest>))
         .route("/v1/admin/thaw", post(admin::apply::<ThawRequest>))
-        .route("/v1/admin/block", post(admin::apply::<BlockRequest>))
+        .route("/v1/admin/block", post(admin::block))
         .route("/v1/admin/unblock", post(admin::unblock))
         .route(
             "/v1/admin/unblock-all",

@@ -51,6 +51,22 @@ fn rows() -> Vec<(&'static str, &'static str, Value)> {
             json!({"endpoint": long(513), "reason": "r"}),
         ),
         (
+            "/v1/admin/block",
+            "endpoint",
+            json!({"endpoint": "a\nb", "reason": "r"}),
+        ),
+        (
+            "/v1/admin/unblock",
+            "endpoint",
+            json!({"endpoint": "a\u{1b}b", "reason": "r"}),
+        ),
+        (
+            "/v1/reports",
+            "endpoints[0].endpoint",
+            report(json!({"endpoint": "a\rb", "model": "qwen-72b",
+                "successes": 0, "failures": 0, "consecutive_failures": 0})),
+        ),
+        (
             "/v1/admin/force",
             "model",
             json!({"model": "gpt-9", "rung": "static", "reason": "r"}),

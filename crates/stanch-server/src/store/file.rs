@@ -360,6 +360,47 @@ mod tests {
         assert!(loaded.corruption.is_none());
     }
 
+    /// A record of about `bytes` bytes.
+    fn big_record(seq: u64, bytes: usize) -> Record {
+        Record {
+            seq,
+            at: Timestamp::from_millis(seq as i64),
+            input: Input::Reports {
+                gateway: "g".repeat(bytes),
+                endpoints: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_journal_past_its_byte_bound_asks_for_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = FileStore::open(dir.path(), "t").unwrap();
+        store.load().unwrap();
+        let mb = 1 << 20;
+        store.append(&[big_record(1, 15 * mb)]).unwrap();
+        assert!(!store.prefers_snapshot(&[]), "under 16 MiB");
+        store.append(&[big_record(2, 2 * mb)]).unwrap();
+        assert!(store.prefers_snapshot(&[]), "over 16 MiB");
+
+        // A larger state allows a journal of twice its size, also after a restart.
+        let state = Engine::fresh_state("e".repeat(12 * mb), Timestamp::from_millis(0));
+        store.snapshot(&state, 2).unwrap();
+        assert!(
+            !store.prefers_snapshot(&[]),
+            "a snapshot empties the journal"
+        );
+        let mut store = FileStore::open(dir.path(), "t").unwrap();
+        store.load().unwrap();
+        store.append(&[big_record(3, 20 * mb)]).unwrap();
+        assert!(
+            !store.prefers_snapshot(&[]),
+            "under twice the 12 MiB snapshot"
+        );
+        store.append(&[big_record(4, 5 * mb)]).unwrap();
+        assert!(store.prefers_snapshot(&[]), "over twice the snapshot");
+    }
+
     /// A store with record 1 in its journal, then `tail` written after it as a crash or
     /// a damaged disk would leave it; the store is returned to append more.
     fn journal_then(tail: &[u8]) -> (tempfile::TempDir, FileStore, std::path::PathBuf) {

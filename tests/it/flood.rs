@@ -55,7 +55,11 @@ const TABLE_BOUND: usize = 1_000 * 1_024 + 64 * 1_024;
 #[test]
 fn a_report_flood_at_the_api_maximum_stays_within_bounds() {
     let data = tempfile::tempdir().unwrap();
-    let mut server = Server::start(data.path(), &[], "http");
+    // As shipped: the default log level, written out.
+    let log_path = data.path().join("stanch.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut server =
+        Server::start_with(data.path(), &[], "http", "info", log, ["adm", "ing", "rd"]);
     let http = client();
     let rounds = 30;
     let mut refused = 0u64;
@@ -99,8 +103,18 @@ fn a_report_flood_at_the_api_maximum_stays_within_bounds() {
     );
     assert!(metrics.contains("stanch_reports_refused_total{kind=\"limit\"}"));
 
+    // A flood is a warning a minute, not a line per report.
+    let logged = std::fs::read_to_string(&log_path).unwrap();
+    for warning in ["report entries not counted", "block limit reached"] {
+        assert_eq!(
+            logged.matches(warning).count(),
+            1,
+            "{warning:?} once in:\n{logged}"
+        );
+    }
+
     let rss = peak_rss_mib(server.child.id());
-    let disk = dir_bytes(data.path());
+    let disk = dir_bytes(data.path()) - std::fs::metadata(&log_path).unwrap().len();
     eprintln!(
         "after {rounds} reports of {MAX_REPORT_ENDPOINTS}: peak RSS {rss:.0} MiB, data dir {} KiB, table {} KiB",
         disk / 1024,

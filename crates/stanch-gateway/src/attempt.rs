@@ -29,7 +29,7 @@ use crate::Gateway;
 use crate::endpoints::{Endpoint, InFlight, Kind, Work, choose};
 use crate::error::{Failure, Retry};
 use crate::headers;
-use crate::metrics::{AttemptLabels, KindLabel, ModelLabel};
+use crate::metrics::{AttemptLabels, KindLabel, Label, ModelLabel};
 use crate::outcome::{Outcome, classify_status, retry_after};
 use crate::request::Ctx;
 use crate::route::Target;
@@ -62,7 +62,7 @@ pub(crate) fn count_retry(ctx: &Ctx<'_>) {
         .metrics
         .retries
         .get_or_create(&ModelLabel {
-            model: ctx.model.to_owned(),
+            model: Label::from(ctx.model),
         })
         .inc();
 }
@@ -377,9 +377,9 @@ pub(crate) fn record_latency(
             gw.metrics
                 .attempts
                 .get_or_create(&AttemptLabels {
-                    model: endpoint.model.clone(),
-                    pool: endpoint.pool.clone(),
-                    endpoint: endpoint.url.clone(),
+                    model: Label::from(&endpoint.model),
+                    pool: Label::from(&endpoint.pool),
+                    endpoint: Label::from(&endpoint.url),
                     outcome: outcome.label(),
                 })
                 .inc();

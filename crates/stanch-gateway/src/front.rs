@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::Gateway;
 use crate::config::is_glob;
-use crate::metrics::{EndpointLabels, WorkerLabel};
+use crate::metrics::{EndpointLabels, Label, WorkerLabel};
 use crate::request::Api;
 
 /// The gateway's service. The three proxied routes are nearly every request, and are
@@ -169,9 +169,9 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     }
     for e in gw.endpoints() {
         let labels = EndpointLabels {
-            endpoint: e.url.clone(),
-            model: e.model.clone(),
-            pool: e.pool.clone(),
+            endpoint: Label::from(&e.url),
+            model: Label::from(&e.model),
+            pool: Label::from(&e.pool),
         };
         let locally = e.blocked(now).is_some();
         let by_table = table

@@ -53,7 +53,8 @@ use crate::config::{GatewayConfig, is_glob, secret};
 use crate::endpoints::{Endpoint, glob};
 use crate::faq::Faq;
 use crate::metrics::{
-    AttemptLabels, EndpointLabels, Metrics, ModelLabel, ProbeLabels, RequestLabels, WorkerHistogram,
+    AttemptLabels, EndpointLabels, Label, Metrics, ModelLabel, ProbeLabels, RequestLabels,
+    WorkerHistogram,
 };
 
 /// A configured model, ready to serve.
@@ -164,7 +165,9 @@ impl Gateway {
             .models
             .keys()
             .map(|m| {
-                let label = ModelLabel { model: m.clone() };
+                let label = ModelLabel {
+                    model: Label::from(m),
+                };
                 let latency = metrics.latency.get_or_create(&label).clone();
                 let ttft = metrics.ttft.get_or_create(&label).clone();
                 (m.clone(), (latency, ttft))
@@ -318,10 +321,10 @@ fn start_counting(metrics: &Metrics, e: &Endpoint) {
     let requests_ok = metrics
         .requests
         .get_or_create(&RequestLabels {
-            model: e.model.clone(),
-            served_model: e.model.clone(),
-            pool: e.pool.clone(),
-            endpoint: e.url.clone(),
+            model: Label::from(&e.model),
+            served_model: Label::from(&e.model),
+            pool: Label::from(&e.pool),
+            endpoint: Label::from(&e.url),
             status_class: "2xx",
             outcome: "success",
         })
@@ -329,26 +332,26 @@ fn start_counting(metrics: &Metrics, e: &Endpoint) {
     let attempts_ok = metrics
         .attempts
         .get_or_create(&AttemptLabels {
-            model: e.model.clone(),
-            pool: e.pool.clone(),
-            endpoint: e.url.clone(),
+            model: Label::from(&e.model),
+            pool: Label::from(&e.pool),
+            endpoint: Label::from(&e.url),
             outcome: "success",
         })
         .clone();
     // Every outcome's series exists from the start, at zero.
     for outcome in outcome::LABELS {
         let _ = metrics.attempts.get_or_create(&AttemptLabels {
-            model: e.model.clone(),
-            pool: e.pool.clone(),
-            endpoint: e.url.clone(),
+            model: Label::from(&e.model),
+            pool: Label::from(&e.pool),
+            endpoint: Label::from(&e.url),
             outcome,
         });
     }
     for outcome in ["success", "failure"] {
         let _ = metrics.probes.get_or_create(&ProbeLabels {
-            model: e.model.clone(),
-            pool: e.pool.clone(),
-            endpoint: e.url.clone(),
+            model: Label::from(&e.model),
+            pool: Label::from(&e.pool),
+            endpoint: Label::from(&e.url),
             outcome,
         });
     }
@@ -356,9 +359,9 @@ fn start_counting(metrics: &Metrics, e: &Endpoint) {
         metrics
             .connections_opened
             .get_or_create(&EndpointLabels {
-                endpoint: e.url.clone(),
-                model: e.model.clone(),
-                pool: e.pool.clone(),
+                endpoint: Label::from(&e.url),
+                model: Label::from(&e.model),
+                pool: Label::from(&e.pool),
             })
             .clone(),
     );

@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
+pub use stanch_net::exposition::Label;
 
 use crate::per_worker::PerWorker;
 
@@ -123,13 +124,13 @@ impl EncodeMetric for WorkerHistogram {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// The model asked for (its configured name).
-    pub model: String,
+    pub model: Label,
     /// The model that answered (an alias, a fallback, or `faq`).
-    pub served_model: String,
+    pub served_model: Label,
     /// The pool that answered.
-    pub pool: String,
+    pub pool: Label,
     /// The endpoint that answered.
-    pub endpoint: String,
+    pub endpoint: Label,
     /// `2xx`, `4xx`, `5xx`.
     pub status_class: &'static str,
     /// The last attempt's outcome, or `static`/`faq_fallback`.
@@ -156,11 +157,11 @@ pub struct WinnerLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
     /// The model the endpoint served.
-    pub model: String,
+    pub model: Label,
     /// The endpoint's pool.
-    pub pool: String,
+    pub pool: Label,
     /// The endpoint.
-    pub endpoint: String,
+    pub endpoint: Label,
     /// Its outcome.
     pub outcome: &'static str,
 }
@@ -169,11 +170,11 @@ pub struct AttemptLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeLabels {
     /// The model the endpoint serves.
-    pub model: String,
+    pub model: Label,
     /// The endpoint's pool.
-    pub pool: String,
+    pub pool: Label,
     /// The endpoint.
-    pub endpoint: String,
+    pub endpoint: Label,
     /// `success` or `failure`.
     pub outcome: &'static str,
 }
@@ -182,7 +183,7 @@ pub struct ProbeLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabel {
     /// The model.
-    pub model: String,
+    pub model: Label,
 }
 
 /// A kind label from a fixed set.
@@ -196,11 +197,11 @@ pub struct KindLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
     /// The endpoint.
-    pub endpoint: String,
+    pub endpoint: Label,
     /// The model.
-    pub model: String,
+    pub model: Label,
     /// The endpoint's pool: lets a rule see a pool whose every endpoint is blocked.
-    pub pool: String,
+    pub pool: Label,
 }
 
 /// A worker thread, by index.

@@ -13,7 +13,7 @@ use tracing::info;
 use crate::Gateway;
 use crate::endpoints::Endpoint;
 use crate::headers::REQUEST_ID;
-use crate::metrics::{KindLabel, ModelLabel, RequestLabels};
+use crate::metrics::{KindLabel, Label, ModelLabel, RequestLabels};
 use crate::request::{Api, Ctx, Refusal};
 
 /// Header names, parsed once: a `&str` name is parsed again on every insert.
@@ -142,10 +142,16 @@ pub(crate) fn finish(
         Some(hot) => hot.requests_ok.inc(),
         None => {
             let labels = RequestLabels {
-                model: ctx.model.to_owned(),
-                served_model: endpoint.map_or_else(|| "none".to_owned(), |e| e.model.clone()),
-                pool: endpoint.map_or_else(String::new, |e| e.pool.clone()),
-                endpoint: endpoint.map_or_else(String::new, |e| e.url.clone()),
+                model: Label::from(ctx.model),
+                served_model: crate::metrics::Label::from(
+                    endpoint.map_or_else(|| "none".to_owned(), |e| e.model.clone()),
+                ),
+                pool: crate::metrics::Label::from(
+                    endpoint.map_or_else(String::new, |e| e.pool.clone()),
+                ),
+                endpoint: crate::metrics::Label::from(
+                    endpoint.map_or_else(String::new, |e| e.url.clone()),
+                ),
                 status_class,
                 outcome,
             };
@@ -217,7 +223,7 @@ pub(crate) fn faq(ctx: &Ctx<'_>, set: Option<&str>, outcome: &'static str) -> Re
     gw.metrics
         .static_answers
         .get_or_create(&ModelLabel {
-            model: ctx.model.to_owned(),
+            model: Label::from(ctx.model),
         })
         .inc();
     let set = set

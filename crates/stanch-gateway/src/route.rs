@@ -10,7 +10,7 @@
 use stanch_api::{ModelRoute, RouteTable, Rung, Timestamp};
 
 use crate::Gateway;
-use crate::metrics::ModelLabel;
+use crate::metrics::{Label, ModelLabel};
 use crate::request::Ctx;
 
 /// A (model, pool index) of a plan.
@@ -45,7 +45,7 @@ pub(crate) fn route<'g>(ctx: &mut Ctx<'g>) -> Route<'g> {
                     .metrics
                     .degraded
                     .get_or_create(&ModelLabel {
-                        model: ctx.model.to_owned(),
+                        model: Label::from(ctx.model),
                     })
                     .inc();
             }

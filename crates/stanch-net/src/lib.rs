@@ -21,6 +21,7 @@ use std::time::Duration;
 
 pub mod body;
 pub mod clock;
+pub mod exposition;
 pub mod timer;
 
 use hyper_util::rt::TokioIo;

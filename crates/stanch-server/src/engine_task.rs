@@ -878,7 +878,7 @@ impl EngineTask {
                     let direction = if to > from { "up" } else { "down" };
                     m.transitions
                         .get_or_create(&TransitionLabels {
-                            model: model.clone(),
+                            model: model.into(),
                             direction,
                         })
                         .inc();
@@ -896,7 +896,7 @@ impl EngineTask {
                 Decision::Override { action, .. } => {
                     m.overrides
                         .get_or_create(&ActionLabel {
-                            action: action.clone(),
+                            action: action.into(),
                         })
                         .inc();
                     info!(decision = %d, "override applied");
@@ -926,16 +926,12 @@ impl EngineTask {
         }
         for (name, route) in &s.published.models {
             m.model_rung
-                .get_or_create(&ModelLabel {
-                    model: name.clone(),
-                })
+                .get_or_create(&ModelLabel { model: name.into() })
                 .set(route.rung.index() as i64);
         }
         for (name, st) in &s.models {
             m.flap_pinned
-                .get_or_create(&ModelLabel {
-                    model: name.clone(),
-                })
+                .get_or_create(&ModelLabel { model: name.into() })
                 .set(i64::from(st.pin.is_some()));
         }
         let frozen = if s.global_freeze.is_some() {

@@ -7,6 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+pub use stanch_net::exposition::Label;
 
 /// Label: which intake endpoint.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -28,14 +29,14 @@ pub struct RejectLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabel {
     /// The model.
-    pub model: String,
+    pub model: Label,
 }
 
 /// Labels: a rung transition.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TransitionLabels {
     /// The model.
-    pub model: String,
+    pub model: Label,
     /// `up` or `down`.
     pub direction: &'static str,
 }
@@ -67,7 +68,7 @@ pub struct TransportLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabel {
     /// `force`, `release`, `freeze`, ...
-    pub action: String,
+    pub action: Label,
 }
 
 /// The controller's metrics.

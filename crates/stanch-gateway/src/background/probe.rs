@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::Gateway;
 use crate::endpoints::Endpoint;
-use crate::metrics::ProbeLabels;
+use crate::metrics::{Label, ProbeLabels};
 
 /// Why an endpoint gets no traffic and is probed instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,9 +72,9 @@ pub async fn probe_loop(gateway: Arc<Gateway>) {
                     .metrics
                     .probes
                     .get_or_create(&ProbeLabels {
-                        model: e.model.clone(),
-                        pool: e.pool.clone(),
-                        endpoint: e.url.clone(),
+                        model: Label::from(&e.model),
+                        pool: Label::from(&e.pool),
+                        endpoint: Label::from(&e.url),
                         outcome: if ok { "success" } else { "failure" },
                     })
                     .inc();

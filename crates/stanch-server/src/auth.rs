@@ -79,6 +79,11 @@ impl Tokens {
         }
     }
 
+    /// Whether `role` has no token, and so is open.
+    pub fn is_open(&self, role: Role) -> bool {
+        self.own(role).is_none()
+    }
+
     /// Roles that have no token, and so are open.
     pub fn open_roles(&self) -> Vec<Role> {
         Role::ALL
@@ -116,6 +121,79 @@ impl Tokens {
     }
 }
 
+/// What an open role still asks of a request, so that a web page in an operator's
+/// browser cannot use a controller that runs without tokens: the request names the
+/// controller by a loopback name (no DNS rebinding), and one that changes state
+/// (`changes`) carries JSON (a form or `text/plain` needs no preflight) and no
+/// `Origin` other than a loopback one.
+pub fn same_machine(
+    headers: &HeaderMap,
+    authority: Option<&str>,
+    changes: bool,
+) -> Result<(), ApiError> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or(authority);
+    if let Some(host) = host
+        && !loopback(host)
+    {
+        return Err(ApiError::Forbidden {
+            kind: "not_loopback_host",
+            detail: "without tokens, stanch answers only requests that name it by a loopback \
+                     address (localhost, 127.0.0.1, [::1]); set tokens to serve other names"
+                .to_owned(),
+        });
+    }
+    if !changes {
+        return Ok(());
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let authority = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .map(|(_, rest)| rest);
+        if !authority.is_some_and(loopback) {
+            return Err(ApiError::Forbidden {
+                kind: "cross_site",
+                detail: "without tokens, a request from a web page of another site cannot \
+                         change state; set tokens, or send it from the controller's machine"
+                    .to_owned(),
+            });
+        }
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    Ok(())
+}
+
+/// Whether an authority (`host`, `host:port`, `[v6]:port`) names this machine.
+fn loopback(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                authority
+            }
+        }),
+    };
+    let host = host.trim_end_matches('.');
+    host.eq_ignore_ascii_case("localhost")
+        || host.to_ascii_lowercase().ends_with(".localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +205,33 @@ mod tests {
             format!("Bearer {t}").parse().unwrap(),
         );
         h
+    }
+
+    #[test]
+    fn loopback_names_only() {
+        for ok in [
+            "localhost",
+            "localhost:9797",
+            "LOCALHOST.",
+            "ui.localhost:1",
+            "127.0.0.1",
+            "127.1.2.3:80",
+            "[::1]:9797",
+            "[::1]",
+        ] {
+            assert!(loopback(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:9797",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example",
+            "10.0.0.1:9797",
+            "[::2]:1",
+            "",
+        ] {
+            assert!(!loopback(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -53,6 +53,18 @@ pub enum ApiError {
         /// The limit in force.
         limit: usize,
     },
+    /// A controller without tokens refused a request a web page could have made: a
+    /// name that is not loopback (DNS rebinding) or another site's `Origin`.
+    #[error("{kind}: {detail}")]
+    Forbidden {
+        /// `not_loopback_host` or `cross_site`.
+        kind: &'static str,
+        /// What to do instead.
+        detail: String,
+    },
+    /// A controller without tokens takes state changes only as JSON.
+    #[error("the body must be JSON")]
+    UnsupportedMediaType,
     /// This replica follows; the leader takes writes.
     #[error("this replica is not the leader")]
     NotLeader {
@@ -83,6 +95,8 @@ impl ApiError {
             ApiError::NotLeader { .. } => "not_leader",
             ApiError::AlertLimit { .. } => "alert_limit",
             ApiError::BlockLimit { .. } => "block_limit",
+            ApiError::Forbidden { kind, .. } => kind,
+            ApiError::UnsupportedMediaType => "unsupported_media_type",
         }
     }
 }
@@ -100,6 +114,8 @@ impl IntoResponse for ApiError {
             ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BlockLimit { .. } => StatusCode::CONFLICT,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable(_) | ApiError::NotLeader { .. } | ApiError::AlertLimit { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -121,6 +137,10 @@ impl IntoResponse for ApiError {
                 "not blocked: {limit} blocks are held (blocking.max_blocks), every one an \
                  operator's; unblock one, or raise the limit"
             ),
+            ApiError::Forbidden { detail, .. } => detail.clone(),
+            ApiError::UnsupportedMediaType => "without tokens, a request that changes state \
+                must say `Content-Type: application/json`"
+                .to_owned(),
             ApiError::NotLeader { leader } => match leader {
                 Some(l) => format!("this replica is not the leader ({l} is); retry"),
                 None => {

@@ -210,6 +210,14 @@ async fn require(
     next: Next,
 ) -> Result<Response, ApiError> {
     state.tokens.check(role, request.headers())?;
+    if state.tokens.is_open(role) {
+        let changes = matches!(role, Role::Ingest | Role::Admin);
+        crate::auth::same_machine(
+            request.headers(),
+            request.uri().authority().map(|a| a.as_str()),
+            changes,
+        )?;
+    }
     Ok(next.run(request).await)
 }
 

@@ -2,6 +2,7 @@
 
 mod admin;
 mod bounds;
+mod browser;
 mod configure;
 mod docs;
 mod faults;

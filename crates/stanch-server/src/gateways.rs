@@ -121,6 +121,11 @@ impl Gateways {
     /// While it holds a watch open, its transport is that watch's: the requests an
     /// SSE gateway acknowledges with do not make it a long-poll one. A refusal is
     /// counted once per version (HTTP gateways repeat theirs on every request).
+    ///
+    /// While it holds a gRPC watch open, only that watch speaks for it: its Acks and
+    /// Nacks arrive on the stream the gateway opened, where a version named in the
+    /// headers of some other request, by anyone with the read token, is only a claim.
+    /// So such a request cannot show the gateway converged, or behind.
     pub fn record(&self, id: &str, transport: WatchTransport, report: Report, now: Timestamp) {
         let mut seen = self.seen.lock().expect("gateways lock");
         // The common case, a gateway heard from again, allocates nothing.
@@ -139,6 +144,12 @@ impl Gateways {
                 })
             }
         };
+        if entry.open > 0
+            && entry.transport == WatchTransport::Grpc
+            && transport != WatchTransport::Grpc
+        {
+            return;
+        }
         entry.last_seen = now;
         if entry.open == 0 {
             entry.transport = transport;
@@ -348,6 +359,44 @@ mod tests {
     }
 
     #[test]
+    fn while_a_grpc_watch_is_open_only_it_says_what_its_gateway_applied() {
+        let (g, metrics) = gateways();
+        g.record("gw", WatchTransport::Grpc, applied(5), at(0));
+        g.opened("gw", WatchTransport::Grpc);
+        // Anyone with the read token can name the gateway in a watch request's headers.
+        for transport in [
+            WatchTransport::LongPoll,
+            WatchTransport::Sse,
+            WatchTransport::Poll,
+        ] {
+            g.record(
+                "gw",
+                transport,
+                Report {
+                    applied: Some(1),
+                    rejected: Some((5, "forged".into())),
+                },
+                at(1),
+            );
+        }
+        let status = &g.list(at(1), 5)[0];
+        assert_eq!(status.applied_version, Some(5));
+        assert!(status.rejected.is_none(), "{:?}", status.rejected);
+        assert_eq!(status.transport, WatchTransport::Grpc);
+        assert!(
+            !metrics.encode().contains("stanch_gateway_nacks_total{"),
+            "no refusal was counted"
+        );
+        // Its own Acks still move it.
+        g.record("gw", WatchTransport::Grpc, applied(6), at(2));
+        assert_eq!(g.list(at(2), 6)[0].applied_version, Some(6));
+        // Once the watch is closed, the gateway may report over HTTP again.
+        g.closed("gw", at(3));
+        g.record("gw", WatchTransport::LongPoll, applied(7), at(4));
+        assert_eq!(g.list(at(4), 7)[0].applied_version, Some(7));
+    }
+
+    #[test]
     fn a_refused_version_is_counted_once_however_often_it_is_reported() {
         let (g, metrics) = gateways();
         let refuse = |v: u64| Report {
@@ -434,10 +483,8 @@ mod tests {
                 let heard = match event {
                     Event::Heard(n) => {
                         let id = format!("gw-{n}");
+                        // A gateway holding a gRPC watch is spoken for by it alone.
                         g.record(&id, WatchTransport::LongPoll, applied(version), now);
-                        if let Some(o) = open.get_mut(&id) {
-                            o.1 = version;
-                        }
                         Some(id)
                     }
                     Event::Opened(n) => {

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::process::{Server, client};
+use crate::process::Server;
 
 /// A name that ends a label value early, opens a new one and forges a sample when it
 /// is written as it is.
@@ -53,13 +53,7 @@ fn the_controllers_metrics_parse_with_a_model_named_to_forge_a_sample() {
     .unwrap();
     let data = dir.path().join("data");
     let server = Server::start(&data, &["--config", config.to_str().unwrap()], "http");
-    let text = client()
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth("rd")
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let text = server.metrics();
     assert!(
         text.contains(r#"stanch_model_rung{model="qwen\"} 1 x{y=\"\\"} 0"#),
         "the model's name, escaped: {text}"

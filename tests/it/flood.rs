@@ -90,13 +90,7 @@ fn a_report_flood_at_the_api_maximum_stays_within_bounds() {
     let blocks = parsed["blocked"].as_array().unwrap().len();
     assert_eq!(blocks, 1_000, "blocking.max_blocks holds");
     assert!(table.len() < TABLE_BOUND, "table {} bytes", table.len());
-    let metrics = http
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth("rd")
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = server.metrics();
     assert!(
         metrics.contains("stanch_blocks_refused_total{kind=\"limit\"}"),
         "refused blocks are counted"

@@ -147,6 +147,17 @@ impl Server {
             .unwrap()
     }
 
+    /// `/metrics`, as text.
+    pub(crate) fn metrics(&self) -> String {
+        client()
+            .get(format!("{}/metrics", self.base))
+            .bearer_auth("rd")
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+    }
+
     pub(crate) fn status(&self) -> Value {
         client()
             .get(format!("{}/v1/status", self.base))

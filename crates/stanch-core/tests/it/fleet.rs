@@ -46,6 +46,18 @@ fn listed_config() -> Config {
     c
 }
 
+/// A `block-endpoint` alert for `endpoint`, firing since `T0`.
+fn block_alert(name: &str, endpoint: &str) -> Input {
+    let alert = AlertBuilder::firing(name)
+        .label("action", "block-endpoint")
+        .label("endpoint", endpoint)
+        .at(T0)
+        .build();
+    Input::Alerts {
+        alerts: vec![alert],
+    }
+}
+
 fn blocked(e: &Engine) -> Vec<(String, Option<String>, BlockSource)> {
     e.state()
         .blocks
@@ -216,17 +228,7 @@ fn at_the_block_limit_reports_are_refused_and_alerts_and_operators_take_their_pl
     assert_eq!(block_limits(&s.decisions), [(1, 0)]);
     assert_eq!(e.state().blocks.len(), 2);
     // An alert's block takes the place of a fleet block.
-    let alert = AlertBuilder::firing("EndpointDown")
-        .label("action", "block-endpoint")
-        .label("endpoint", "http://a:1")
-        .at(T0)
-        .build();
-    let s = e.step(
-        Input::Alerts {
-            alerts: vec![alert],
-        },
-        T0,
-    );
+    let s = e.step(block_alert("EndpointDown", "http://a:1"), T0);
     assert_eq!(block_limits(&s.decisions), [(0, 1)], "{:#?}", s.decisions);
     assert_eq!(e.state().blocks.len(), 2);
     assert!(blocked(&e).iter().any(|(ep, _, _)| ep == "http://a:1"));
@@ -347,15 +349,10 @@ fn to_input(op: &Op) -> Option<Input> {
                 reason: "by hand".into(),
             },
         },
-        Op::AlertBlock(n) => Input::Alerts {
-            alerts: vec![
-                AlertBuilder::firing(&format!("Down{}", n % 10))
-                    .label("action", "block-endpoint")
-                    .label("endpoint", &format!("http://al{}:1", n % 10))
-                    .at(T0)
-                    .build(),
-            ],
-        },
+        Op::AlertBlock(n) => block_alert(
+            &format!("Down{}", n % 10),
+            &format!("http://al{}:1", n % 10),
+        ),
         Op::Wait(_) => return None,
     })
 }
@@ -465,17 +462,7 @@ fn the_largest_table_the_limits_allow_is_one_every_transport_carries() {
 fn an_alert_naming_an_endpoint_no_block_could_carry_maps_to_nothing() {
     let mut e = engine(base_config());
     for endpoint in ["x".repeat(513), "a\nb".to_owned()] {
-        let alert = AlertBuilder::firing("Down")
-            .label("action", "block-endpoint")
-            .label("endpoint", &endpoint)
-            .at(T0)
-            .build();
-        let s = e.step(
-            Input::Alerts {
-                alerts: vec![alert],
-            },
-            T0,
-        );
+        let s = e.step(block_alert("Down", &endpoint), T0);
         assert!(
             s.decisions.iter().any(|d| matches!(
                 d,

@@ -127,3 +127,239 @@ fn a_report_flood_at_the_api_maximum_stays_within_bounds() {
     eprintln!("restarted: peak RSS {rss:.0} MiB");
     assert!(rss < 64.0, "peak RSS after restart {rss:.0} MiB");
 }
+
+/// A configuration file: the embedded default policy and `server`, the controller's
+/// own settings, written under `dir`.
+fn config_file(dir: &Path, server: &str) -> String {
+    let path = dir.join("config.yaml");
+    let text = format!("{}\n{server}", stanch_core::config::DEFAULT_CONFIG_YAML);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// A metric's value in an exposition, 0 when absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The controller's metrics, asked from 127.0.0.2: not from the address a flood comes
+/// from, whose connections are at their limit.
+fn metrics_from_elsewhere(server: &Server) -> String {
+    reqwest::blocking::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap()
+        .get(format!("{}/metrics", server.base))
+        .bearer_auth("rd")
+        .send()
+        .unwrap()
+        .text()
+        .unwrap()
+}
+
+/// Waits up to `within` for `done`.
+fn eventually(within: std::time::Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let until = tokio::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{what} within {within:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// One client opens connections without end: half of them HTTP/2 that answer every
+/// ping and open no stream (the review's), half of them SSE watchers. It holds at
+/// most `connections.max_per_source` (1,000) at a bounded cost; the rest are closed as
+/// soon as accepted, counted, and logged once; the idle HTTP/2 ones are closed at
+/// `connections.http2_idle_timeout` while the watchers, which are in use, stay.
+#[test]
+fn a_connection_and_watch_flood_holds_a_bounded_share() {
+    use std::time::Duration;
+    stanch_server::net::raise_open_file_limit();
+    let data = tempfile::tempdir().unwrap();
+    let config = config_file(data.path(), "connections:\n  http2_idle_timeout: 3s\n");
+    let log_path = data.path().join("stanch.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let server = Server::start_with(
+        &data.path().join("data"),
+        &["--config", &config],
+        "http",
+        "info",
+        log,
+        ["adm", "ing", "rd"],
+    );
+    let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (idle, watchers, refused) = runtime.block_on(async {
+        let mut idle = Vec::new();
+        let mut watchers = Vec::new();
+        let mut refused = 0;
+        for i in 0..1_100 {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            if i % 2 == 0 {
+                // The handshake does not wait for the server: a refused one is told
+                // apart below, by its connection having ended.
+                match h2::client::handshake(tcp).await {
+                    Ok((client, connection)) => idle.push((client, tokio::spawn(connection))),
+                    Err(_) => refused += 1,
+                }
+            } else {
+                let mut tcp = tcp;
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let ask = "GET /v1/routes/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                           Authorization: Bearer rd\r\nAccept: text/event-stream\r\n\r\n";
+                let mut first = [0u8; 64];
+                let answered = async {
+                    tcp.write_all(ask.as_bytes()).await?;
+                    tcp.read(&mut first).await
+                };
+                match tokio::time::timeout(Duration::from_secs(5), answered).await {
+                    Ok(Ok(n)) if first[..n].starts_with(b"HTTP/1.1 200") => watchers.push(tcp),
+                    _ => refused += 1,
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (ended, idle): (Vec<_>, Vec<_>) = idle
+            .into_iter()
+            .partition(|(_, connection)| connection.is_finished());
+        (idle, watchers, refused + ended.len())
+    });
+    let metrics = metrics_from_elsewhere(&server);
+    let held = idle.len() + watchers.len();
+    eprintln!(
+        "held {held} ({} idle HTTP/2, {} SSE watchers), refused {refused}",
+        idle.len(),
+        watchers.len()
+    );
+    assert_eq!(held, 1_000, "max_per_source holds");
+    assert_eq!(refused, 100);
+    assert!(
+        metric(
+            &metrics,
+            "stanch_connections_refused_total{reason=\"per_source\"}"
+        ) >= 100.0,
+        "counted:\n{metrics}"
+    );
+    let rss = peak_rss_mib(server.child.id());
+    eprintln!("peak RSS with 1,000 connections held: {rss:.0} MiB");
+    assert!(rss < 96.0, "peak RSS {rss:.0} MiB");
+
+    // The idle HTTP/2 connections are closed; the watchers stay.
+    runtime.block_on(async {
+        for (_client, connection) in idle {
+            let ended = tokio::time::timeout(Duration::from_secs(10), connection).await;
+            assert!(ended.is_ok(), "an idle HTTP/2 connection is closed");
+        }
+    });
+    let metrics = metrics_from_elsewhere(&server);
+    let open = metric(&metrics, "stanch_connections_open");
+    assert!((500.0..=502.0).contains(&open), "the watchers stay: {open}");
+    assert_eq!(metric(&metrics, "stanch_watchers{kind=\"sse\"}"), 500.0);
+    drop(watchers);
+    eventually(Duration::from_secs(10), "all closed", || {
+        metric(&metrics_from_elsewhere(&server), "stanch_connections_open") <= 1.0
+    });
+    let logged = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(
+        logged.matches("connections refused").count(),
+        1,
+        "once a minute at most:\n{logged}"
+    );
+}
+
+/// gRPC streams by the thousand, each sending its Hello and then 65,530 bytes of a
+/// message declared as 65,535 (the review's): what they hold is bounded by the
+/// budget of bodies arriving, and every one ends by `watch.slow_client_timeout`.
+#[test]
+fn a_partial_message_flood_holds_a_bounded_share() {
+    use std::time::Duration;
+    stanch_server::net::raise_open_file_limit();
+    let data = tempfile::tempdir().unwrap();
+    let config = config_file(data.path(), "watch:\n  slow_client_timeout: 3s\n");
+    let server = Server::start(&data.path().join("data"), &["--config", &config], "http");
+    let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (connections, streams) = (40, 100);
+    let started = tokio::time::Instant::now();
+    let ended = runtime.block_on(async {
+        let mut answers = Vec::new();
+        let mut held = Vec::new();
+        for _ in 0..connections {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+            held.push(tokio::spawn(connection));
+            let mut client = client.ready().await.unwrap();
+            for _ in 0..streams {
+                let request = http::Request::post(format!(
+                    "{}/stanch.v1.RouteWatch/WatchRoutes",
+                    server.base
+                ))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .header("authorization", "Bearer rd")
+                .body(())
+                .unwrap();
+                client = client.ready().await.unwrap();
+                let (response, mut body) = client.send_request(request, false).unwrap();
+                use stanch_api::proto::v1;
+                let hello = v1::WatchRequest {
+                    kind: Some(v1::watch_request::Kind::Hello(v1::Hello {
+                        gateway_id: "gw-partial".into(),
+                        ..Default::default()
+                    })),
+                };
+                // Then 65,530 bytes of a message declared as 65,535.
+                let mut frame = stanch_api::proto::grpc_frame(&hello);
+                frame.extend_from_slice(&[0, 0, 0, 0xff, 0xff]);
+                frame.extend(std::iter::repeat_n(0x0a, 65_530));
+                body.reserve_capacity(frame.len());
+                body.send_data(frame.into(), false).unwrap();
+                answers.push(tokio::spawn(async move {
+                    let _body = body;
+                    let mut answer = response.await.ok()?.into_body();
+                    while let Some(chunk) = answer.data().await {
+                        let chunk = chunk.ok()?;
+                        let _ = answer.flow_control().release_capacity(chunk.len());
+                    }
+                    answer.trailers().await.ok().flatten()
+                }));
+            }
+        }
+        let mut ended = 0;
+        for answer in answers {
+            let trailers = tokio::time::timeout(Duration::from_secs(20), answer)
+                .await
+                .expect("every stream ends")
+                .unwrap();
+            if trailers.is_some_and(|t| t.get("grpc-status").is_some_and(|s| s != "0")) {
+                ended += 1;
+            }
+        }
+        ended
+    });
+    let took = started.elapsed();
+    let rss = peak_rss_mib(server.child.id());
+    eprintln!(
+        "{} streams with a message under way: {ended} ended with a status within {took:?}; peak RSS {rss:.0} MiB",
+        connections * streams
+    );
+    assert_eq!(
+        ended,
+        connections * streams,
+        "every stream ends with a status"
+    );
+    assert!(rss < 128.0, "peak RSS {rss:.0} MiB");
+}

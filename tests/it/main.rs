@@ -4,6 +4,7 @@ mod chart;
 mod cli;
 mod drill;
 mod e2e;
+mod early;
 mod exposition;
 mod flood;
 mod grpc_peer;

@@ -28,6 +28,18 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// The full name of the watch service, as gRPC health and reflection name it.
 pub const ROUTE_WATCH_SERVICE: &str = "stanch.v1.RouteWatch";
 
+/// `message` as gRPC puts it on the wire: a byte saying it is not compressed, its
+/// length in 4 bytes, big-endian, then the message. For clients written on HTTP/2
+/// itself (the benchmark's lean watchers, tests of what no gRPC library would send).
+pub fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
+    let len = message.encoded_len();
+    let mut frame = Vec::with_capacity(5 + len);
+    frame.push(0);
+    frame.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    message.encode(&mut frame).expect("a Vec grows");
+    frame
+}
+
 /// Why a protobuf route table is not one stanch can apply; names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {problem}")]

@@ -76,10 +76,11 @@ struct Controller {
 impl Controller {
     async fn start(bin: PathBuf, max_watchers: usize) -> anyhow::Result<Controller> {
         let data = tempfile::tempdir()?;
-        let config = format!(
-            "{}\nwatch:\n  max_watchers: {max_watchers}\n",
-            include_str!("../../stanch-core/src/default-config.yaml")
-        );
+        // Room for the stuck watchers beside the fleet, and their connections.
+        let config = crate::loopback_config(&format!(
+            "  max: {}\nwatch:\n  max_watchers: {max_watchers}\n",
+            max_watchers + 1_000
+        ));
         std::fs::write(data.path().join("stanch.yaml"), config)?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -242,14 +243,9 @@ struct TableHead {
     epoch: String,
 }
 
-/// `message` as a gRPC message on the wire: uncompressed, its length, the bytes.
+/// `message` as a gRPC message on the wire.
 fn grpc_frame(message: &impl prost::Message) -> bytes::Bytes {
-    let len = message.encoded_len();
-    let mut frame = Vec::with_capacity(5 + len);
-    frame.push(0);
-    frame.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
-    message.encode(&mut frame).expect("a Vec grows");
-    frame.into()
+    stanch_api::proto::grpc_frame(message).into()
 }
 
 /// One lean gRPC watcher, on h2 itself: Hello with what it holds, an Ack for every

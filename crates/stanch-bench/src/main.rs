@@ -114,6 +114,16 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
+/// The shipped configuration, but for the connections one address may hold: every
+/// watcher of a benchmark comes from 127.0.0.1, where a fleet's come from an address
+/// each. `more` follows (its indented lines continue the `connections` section).
+pub(crate) fn loopback_config(more: &str) -> String {
+    format!(
+        "{}\nconnections:\n  max_per_source: 1000000\n{more}",
+        include_str!("../../stanch-core/src/default-config.yaml")
+    )
+}
+
 struct Server {
     child: Child,
     base: String,
@@ -123,6 +133,8 @@ struct Server {
 impl Server {
     async fn start(bin: &PathBuf) -> anyhow::Result<Server> {
         let data = tempfile::tempdir()?;
+        let config = data.path().join("stanch.yaml");
+        std::fs::write(&config, loopback_config(""))?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -133,7 +145,9 @@ impl Server {
                 &format!("127.0.0.1:{port}"),
                 "--data-dir",
             ])
-            .arg(data.path())
+            .arg(data.path().join("data"))
+            .arg("--config")
+            .arg(&config)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -56,6 +56,12 @@ pub struct GatewayConfig {
     /// How `https` endpoints and an `https` controller are trusted.
     #[serde(default)]
     pub tls: TlsTrust,
+    /// Caller connections open at once, lingering ones included; one more is closed
+    /// as soon as it is accepted (and counted in
+    /// `stanch_gateway_connections_refused_total`). Not per source: callers often
+    /// come through a load balancer's few addresses.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
 }
 
 /// Trust for `https` endpoints and controller: the Mozilla root certificates, plus a
@@ -67,6 +73,10 @@ pub struct TlsTrust {
     /// or of the controller).
     #[serde(default)]
     pub ca_file: Option<String>,
+}
+
+fn default_max_connections() -> usize {
+    16_384
 }
 
 fn default_max_body() -> usize {
@@ -690,6 +700,7 @@ impl GatewayConfig {
             ("max_body_bytes", self.max_body_bytes),
             ("max_response_bytes", self.max_response_bytes),
             ("max_partial_body_bytes", self.max_partial_body_bytes),
+            ("max_connections", self.max_connections),
         ] {
             if bytes == 0 {
                 problem(path.into(), "must be at least 1".into());

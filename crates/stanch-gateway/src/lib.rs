@@ -93,6 +93,8 @@ pub struct Gateway {
     pub(crate) body_budget: stanch_net::body::BodyBudget,
     /// The worker threads' connection counts, when it serves on workers.
     workers: std::sync::OnceLock<stanch_net::Load>,
+    /// The caller-facing listener's limits and its connections.
+    conns: Arc<stanch_net::Connections>,
     /// How many log lines the process's log writer dropped, when it has one.
     log_drops: std::sync::OnceLock<stanch_log::Dropped>,
 }
@@ -157,7 +159,9 @@ impl Gateway {
             .filter(|k| is_glob(k))
             .cloned()
             .collect();
-        let metrics = Metrics::new();
+        let conns = stanch_net::Connections::new(limits(&config));
+        let mut metrics = Metrics::new();
+        metrics.register_connections(&conns);
         for e in endpoints_of(&models) {
             start_counting(&metrics, e);
         }
@@ -193,6 +197,7 @@ impl Gateway {
             body_budget: stanch_net::body::BodyBudget::new(config.max_partial_body_bytes),
             config,
             workers: std::sync::OnceLock::new(),
+            conns,
             log_drops: std::sync::OnceLock::new(),
         })
     }
@@ -381,13 +386,15 @@ pub fn applied_table(gateway: &Gateway) -> Option<Arc<RouteTable>> {
 /// idle that long), a caller that takes no bytes for 30 s is cut off, and at shutdown
 /// streams in flight get 30 s to finish (Kubernetes' default grace period) before
 /// they are closed.
-fn limits(gateway: &Gateway) -> stanch_net::ConnLimits {
+fn limits(config: &GatewayConfig) -> stanch_net::ConnLimits {
     stanch_net::ConnLimits {
         write_timeout: Duration::from_secs(30),
-        header_timeout: gateway.config.timeouts.caller_idle.0,
+        header_timeout: config.timeouts.caller_idle.0,
         drain: Duration::from_secs(30),
         // Callers speak HTTP/1.1, as the OpenAI API does.
         http2: None,
+        max_connections: config.max_connections,
+        ..stanch_net::ConnLimits::default()
     }
 }
 
@@ -398,9 +405,9 @@ pub async fn serve(
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let limits = limits(&gateway);
+    let conns = gateway.conns.clone();
     let _sweeping = background::Sweeper::start(&gateway);
-    stanch_net::serve(listener, front::Front::new(gateway), None, limits, shutdown).await;
+    stanch_net::serve(listener, front::Front::new(gateway), None, conns, shutdown).await;
     Ok(())
 }
 
@@ -414,14 +421,14 @@ pub async fn serve_on(
 ) -> std::io::Result<()> {
     // Their connection counts show in the metrics.
     let _ = gateway.workers.set(workers.load());
-    let limits = limits(&gateway);
+    let conns = gateway.conns.clone();
     let _sweeping = background::Sweeper::start(&gateway);
     stanch_net::serve_on(
         workers,
         listener,
         front::Front::new(gateway),
         None,
-        limits,
+        conns,
         shutdown,
     )
     .await;

@@ -285,6 +285,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Adds the caller-facing listener's connections: `stanch_gateway_connections_open`
+    /// and `stanch_gateway_connections_refused_total{reason}`.
+    pub fn register_connections(&mut self, conns: &Arc<stanch_net::Connections>) {
+        self.registry.register_collector(conns.collector());
+    }
+
     /// Registers every metric: one registration a family, in the order `/metrics` lists
     /// them (long, and flat on purpose: it is the catalogue).
     pub fn new() -> Metrics {

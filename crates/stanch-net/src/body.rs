@@ -89,15 +89,26 @@ impl BodyBudget {
     }
 }
 
-/// Bytes taken from a budget, given back when dropped.
-struct Held<'a> {
-    budget: &'a BodyBudget,
+/// Bytes taken from a [`BodyBudget`] by something that outlives a borrow of it (a
+/// body read message by message), given back when dropped or released.
+#[derive(Debug)]
+pub struct Hold {
+    budget: BodyBudget,
     bytes: usize,
 }
 
-impl Held<'_> {
-    /// Holds `total` bytes in all, taking the difference.
-    fn grow_to(&mut self, total: usize) -> bool {
+impl Hold {
+    /// Holds nothing yet.
+    pub fn new(budget: &BodyBudget) -> Hold {
+        Hold {
+            budget: budget.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Holds `total` bytes in all, taking the difference; false (holding what it held)
+    /// if that would pass the budget's capacity.
+    pub fn grow_to(&mut self, total: usize) -> bool {
         if total <= self.bytes {
             return true;
         }
@@ -107,13 +118,19 @@ impl Held<'_> {
         self.bytes = total;
         true
     }
-}
 
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
+    /// Gives back everything held.
+    pub fn release(&mut self) {
         if self.bytes > 0 {
             self.budget.0.held.fetch_sub(self.bytes, Ordering::AcqRel);
+            self.bytes = 0;
         }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -149,7 +166,7 @@ where
         return Err(BodyError::TooLarge(limits.max_bytes));
     }
     let start = Instant::now();
-    let mut held = budget.map(|budget| Held { budget, bytes: 0 });
+    let mut held = budget.map(Hold::new);
     // The first frame as it came; a second starts a copy of them all.
     let mut first: Option<Bytes> = None;
     let mut joined = BytesMut::new();

@@ -4,8 +4,12 @@
 //! connection, TCP_NODELAY, and limits that keep a misbehaving client from holding
 //! resources: a header read timeout (slowloris) and a write deadline (a client that
 //! stops reading is disconnected, which is how slow SSE watchers and streaming callers
-//! are closed without ever blocking the writer). At shutdown, in-flight requests get a
-//! bounded time to finish.
+//! are closed without ever blocking the writer). Connections are bounded in number, in
+//! all and per source address ([`admission`]); an HTTP/2 connection with no stream open
+//! is closed after an idle timeout ([`Http2Limits::idle_timeout`]); a connection the
+//! server closes first lingers, so that an answer given before the request's body was
+//! read reaches the client ([`linger`]). At shutdown, in-flight requests get a bounded
+//! time to finish.
 //!
 //! Connections are served on the caller's runtime ([`serve`]), or spread over
 //! [`Workers`]: threads with a single-threaded runtime each, one connection wholly on
@@ -19,10 +23,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+pub mod admission;
 pub mod body;
 pub mod clock;
 pub mod exposition;
+mod idle;
+pub mod linger;
 pub mod timer;
+
+pub use admission::{Connections, Refused};
+pub use linger::Linger;
 
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulConnection;
@@ -46,6 +56,13 @@ pub struct ConnLimits {
     /// client's connection preface in clear text (prior knowledge, as gRPC clients
     /// send). Off, every connection is HTTP/1.1.
     pub http2: Option<Http2Limits>,
+    /// Connections open at once, lingering ones included; one more is closed as
+    /// soon as it is accepted ([`admission`]).
+    pub max_connections: usize,
+    /// Connections open at once from one IP address.
+    pub max_per_source: usize,
+    /// How a connection the server closes first lingers ([`linger`]).
+    pub linger: Linger,
 }
 
 /// Limits of an HTTP/2 connection.
@@ -55,6 +72,9 @@ pub struct Http2Limits {
     pub max_streams: u32,
     /// How often an idle connection is pinged to tell that the client is still there.
     pub keep_alive: Duration,
+    /// A connection with no stream open for this long is closed (GOAWAY): a client
+    /// that answers pings holds a connection only while it uses it.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Http2Limits {
@@ -62,6 +82,7 @@ impl Default for Http2Limits {
         Self {
             max_streams: 100,
             keep_alive: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -73,6 +94,9 @@ impl Default for ConnLimits {
             header_timeout: Duration::from_secs(30),
             drain: Duration::from_secs(5),
             http2: None,
+            max_connections: 4096,
+            max_per_source: usize::MAX,
+            linger: Linger::default(),
         }
     }
 }
@@ -134,16 +158,17 @@ impl<S> App for S where
 {
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then drains connections.
-/// Connections are served on the runtime this runs on.
+/// Serves `app` on `listener` until `shutdown` resolves, then drains connections,
+/// under the limits of `conns` (which counts them). Connections are served on the
+/// runtime this runs on.
 pub async fn serve(
     listener: TcpListener,
     app: impl App,
     tls: Option<TlsAcceptor>,
-    limits: ConnLimits,
+    conns: Arc<Connections>,
     shutdown: impl Future<Output = ()>,
 ) {
-    accept_loop(listener, app, tls, limits, shutdown, None).await;
+    accept_loop(listener, app, tls, conns, shutdown, None).await;
 }
 
 /// As [`serve`], but each accepted connection is served whole by one of `workers`'
@@ -153,21 +178,22 @@ pub async fn serve_on(
     listener: TcpListener,
     app: impl App,
     tls: Option<TlsAcceptor>,
-    limits: ConnLimits,
+    conns: Arc<Connections>,
     shutdown: impl Future<Output = ()>,
 ) {
-    accept_loop(listener, app, tls, limits, shutdown, Some(workers)).await;
+    accept_loop(listener, app, tls, conns, shutdown, Some(workers)).await;
 }
 
 async fn accept_loop(
     listener: TcpListener,
     app: impl App,
     tls: Option<TlsAcceptor>,
-    limits: ConnLimits,
+    conns: Arc<Connections>,
     shutdown: impl Future<Output = ()>,
     workers: Option<&Workers>,
 ) {
     let drain = Drain::default();
+    let limits = *conns.limits();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -182,6 +208,10 @@ async fn accept_loop(
             },
             () = &mut shutdown => break,
         };
+        // Past a limit, closed at once (counted and logged by `admit`).
+        let Ok(slot) = conns.admit(peer.ip()) else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let conn = Connection {
             peer,
@@ -189,6 +219,7 @@ async fn accept_loop(
             tls: tls.clone(),
             limits,
             watch: drain.watch(),
+            slot,
         };
         let Some(workers) = workers else {
             tokio::spawn(conn.serve(stream).instrument(debug_span!("conn", %peer)));
@@ -223,6 +254,8 @@ struct Connection<S> {
     tls: Option<TlsAcceptor>,
     limits: ConnLimits,
     watch: Watch,
+    /// Its place among the listener's connections, held until its socket closes.
+    slot: admission::Slot,
 }
 
 impl<S: App> Connection<S> {
@@ -233,6 +266,7 @@ impl<S: App> Connection<S> {
             tls,
             limits,
             watch,
+            slot,
         } = self;
         let h2 = match (limits.http2, &tls) {
             (Some(_), None) => match opens_with_h2_preface(&stream, limits.header_timeout).await {
@@ -241,7 +275,8 @@ impl<S: App> Connection<S> {
             },
             _ => false,
         };
-        let io = WriteDeadline::new(stream, limits.write_timeout);
+        let socket = linger::Socket::new(stream, limits.linger, slot);
+        let io = WriteDeadline::new(socket, limits.write_timeout);
         let result = match tls {
             None => serve_http(TokioIo::new(io), h2, app, &limits, watch).await,
             // Boxed: a TLS session's state (the handshake's, then rustls's buffers
@@ -261,7 +296,7 @@ impl<S: App> Connection<S> {
 /// Serves one connection over TLS, HTTP/2 where ALPN chose it; `Err` says how the
 /// handshake failed.
 async fn serve_tls<S: App>(
-    io: WriteDeadline<tokio::net::TcpStream>,
+    io: WriteDeadline<linger::Socket>,
     acceptor: TlsAcceptor,
     app: S,
     limits: &ConnLimits,
@@ -290,32 +325,63 @@ where
     S: App,
 {
     match limits.http2.filter(|_| h2) {
-        Some(h2) => {
-            let mut b =
-                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
-            b.timer(timer::Timer)
-                .max_concurrent_streams(h2.max_streams)
-                .keep_alive_interval(Some(h2.keep_alive))
-                .keep_alive_timeout(limits.header_timeout);
-            let close = CloseConnection::default();
-            let app = WithClose {
-                inner: app,
-                close: close.clone(),
-            };
-            tokio::select! {
-                served = watch.serve(b.serve_connection(io, app)) => served,
-                // Dropping the connection closes its socket, and every stream on it.
-                () = close.0.notified() => {
-                    debug!("connection closed by a handler");
-                    Ok(())
-                }
-            }
-        }
+        // Boxed, as TLS is: a plain HTTP/1.1 connection's task is not sized to it.
+        Some(h2) => Box::pin(serve_h2(io, app, h2, limits, watch)).await,
         None => {
             let mut b = hyper::server::conn::http1::Builder::new();
             b.timer(timer::Timer)
                 .header_read_timeout(limits.header_timeout);
             watch.serve(b.serve_connection(io, app)).await
+        }
+    }
+}
+
+/// Serves one HTTP/2 connection until it ends, a handler closes it
+/// ([`CloseConnection`]), or it is idle ([`Http2Limits::idle_timeout`]).
+async fn serve_h2<I, S>(
+    io: TokioIo<I>,
+    app: S,
+    h2: Http2Limits,
+    limits: &ConnLimits,
+    watch: Watch,
+) -> Result<(), hyper::Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: App,
+{
+    let mut b = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    b.timer(timer::Timer)
+        .max_concurrent_streams(h2.max_streams)
+        .keep_alive_interval(Some(h2.keep_alive))
+        .keep_alive_timeout(limits.header_timeout);
+    let close = CloseConnection::default();
+    let streams = idle::Streams::default();
+    let app = WithClose {
+        inner: app,
+        close: close.clone(),
+        streams: streams.clone(),
+    };
+    let served = watch.serve(b.serve_connection(io, app));
+    tokio::pin!(served);
+    // Dropping the connection closes its socket, and every stream on it.
+    let closed = close.0.notified();
+    tokio::pin!(closed);
+    let idle = streams.idle(h2.idle_timeout);
+    tokio::pin!(idle);
+    let mut told = false;
+    loop {
+        tokio::select! {
+            served = &mut served => return served,
+            () = &mut closed => {
+                debug!("connection closed by a handler");
+                return Ok(());
+            }
+            // GOAWAY: what the client started meanwhile may finish.
+            () = &mut idle, if !told => {
+                debug!("HTTP/2 connection idle; closing it");
+                served.as_mut().shut_down();
+                told = true;
+            }
         }
     }
 }
@@ -335,21 +401,23 @@ impl CloseConnection {
     }
 }
 
-/// `inner`, with each request carrying its connection's [`CloseConnection`].
+/// `inner`, with each request carrying its connection's [`CloseConnection`], and
+/// counted among the connection's open [`idle::Streams`] until its answer ends.
 #[derive(Clone)]
 struct WithClose<S> {
     inner: S,
     close: CloseConnection,
+    streams: idle::Streams,
 }
 
 impl<S: App> hyper::service::Service<hyper::Request<hyper::body::Incoming>> for WithClose<S> {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = idle::Counted<S::Future>;
 
-    fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> S::Future {
+    fn call(&self, mut request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         request.extensions_mut().insert(self.close.clone());
-        self.inner.call(request)
+        idle::Counted::new(self.inner.call(request), self.streams.open())
     }
 }
 
@@ -441,6 +509,17 @@ pin_project_lite::pin_project! {
         told: bool,
         // The waker last stored in the drain.
         waker: Option<std::task::Waker>,
+    }
+}
+
+impl<C: GracefulConnection> Watched<C> {
+    /// Asks the connection to finish: the requests in flight end, no new ones start.
+    fn shut_down(self: Pin<&mut Self>) {
+        let this = self.project();
+        if !*this.told {
+            *this.told = true;
+            this.conn.graceful_shutdown();
+        }
     }
 }
 
@@ -842,9 +921,15 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = hyper_util::service::TowerToHyperService::new(app);
-        tokio::spawn(super::serve(listener, app, None, limits, async {
-            let _ = stopped.await;
-        }));
+        tokio::spawn(super::serve(
+            listener,
+            app,
+            None,
+            super::Connections::new(limits),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         (addr, stop)
     }
 
@@ -860,12 +945,14 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         let drain = super::Drain::default();
+        let conns = super::Connections::new(super::ConnLimits::default());
         let conn = super::Connection {
             peer: addr,
             app,
             tls: None,
-            limits: super::ConnLimits::default(),
+            limits: *conns.limits(),
             watch: drain.watch(),
+            slot: conns.admit(addr.ip()).unwrap(),
         };
         let serving = conn.serve(stream);
         let size = std::mem::size_of_val(&serving);
@@ -922,6 +1009,134 @@ mod tests {
         );
     }
 
+    /// A client that opens connections and keeps them holds at most its share:
+    /// `max_per_source` from one address, `max_connections` in all; one past a limit
+    /// is closed at once, and a place is given back when a connection closes.
+    #[tokio::test]
+    async fn connections_past_a_limit_are_closed_at_once() {
+        let limits = super::ConnLimits {
+            max_connections: 5,
+            max_per_source: 3,
+            ..Default::default()
+        };
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = super::Connections::new(limits);
+        let app = hyper_util::service::TowerToHyperService::new(app);
+        tokio::spawn(super::serve(
+            listener,
+            app,
+            None,
+            conns.clone(),
+            std::future::pending(),
+        ));
+        let from = |source: [u8; 4]| async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket
+                .bind((std::net::Ipv4Addr::from(source), 0).into())
+                .unwrap();
+            socket.connect(addr).await.unwrap()
+        };
+        /// Whether the server serves `conn` (else it was closed).
+        async fn served(conn: &mut tokio::net::TcpStream) -> bool {
+            if conn
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            let mut buf = [0u8; 256];
+            matches!(
+                tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await,
+                Ok(Ok(n)) if n > 0
+            )
+        }
+        let mut kept = Vec::new();
+        for _ in 0..3 {
+            let mut conn = from([127, 0, 0, 1]).await;
+            assert!(served(&mut conn).await);
+            kept.push(conn);
+        }
+        let mut fourth = from([127, 0, 0, 1]).await;
+        assert!(
+            !served(&mut fourth).await,
+            "a fourth from one source is closed"
+        );
+        for _ in 0..2 {
+            let mut conn = from([127, 0, 0, 2]).await;
+            assert!(served(&mut conn).await, "another source has room");
+            kept.push(conn);
+        }
+        let mut sixth = from([127, 0, 0, 3]).await;
+        assert!(!served(&mut sixth).await, "a sixth in all is closed");
+        assert_eq!(conns.open(), 5);
+        assert_eq!(conns.refused(super::Refused::PerSource), 1);
+        assert_eq!(conns.refused(super::Refused::Max), 1);
+        // One closes (the client first: no lingering); its place is free again.
+        drop(kept.remove(0));
+        soon(|| conns.open() == 4, "the place is given back").await;
+        let mut again = from([127, 0, 0, 1]).await;
+        assert!(served(&mut again).await);
+    }
+
+    /// An HTTP/2 client that answers pings but opens no stream is closed after the
+    /// idle timeout (GOAWAY, then the end); one with a stream open is not.
+    #[tokio::test]
+    async fn an_idle_http2_connection_is_closed_and_a_busy_one_is_not() {
+        let limits = super::ConnLimits {
+            http2: Some(super::Http2Limits {
+                idle_timeout: Duration::from_millis(300),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // A stream that stays open: a body that never ends.
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(|| async {
+                let forever =
+                    futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+                axum::body::Body::from_stream(forever)
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = hyper_util::service::TowerToHyperService::new(app);
+        let conns = super::Connections::new(limits);
+        tokio::spawn(super::serve(
+            listener,
+            app,
+            None,
+            conns,
+            std::future::pending(),
+        ));
+        let handshake = || async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+            (client, tokio::spawn(connection))
+        };
+        let (_idle_client, idle) = handshake().await;
+        let (busy_client, busy) = handshake().await;
+        let mut busy_client = busy_client.ready().await.unwrap();
+        let request = http::Request::get(format!("http://{addr}/"))
+            .body(())
+            .unwrap();
+        let (response, _) = busy_client.send_request(request, true).unwrap();
+        let _response = response.await.unwrap();
+        let started = tokio::time::Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(5), idle).await;
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "closed cleanly: {ended:?}");
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(
+            !busy.is_finished(),
+            "the connection with a stream open stays"
+        );
+    }
+
     /// A listener serving `app` on two workers until `stop` is sent; `serving` ends
     /// when it has drained.
     struct OnWorkers {
@@ -940,9 +1155,16 @@ mod tests {
             let workers = workers.clone();
             tokio::spawn(async move {
                 let app = hyper_util::service::TowerToHyperService::new(app);
-                super::serve_on(&workers, listener, app, None, limits, async {
-                    let _ = stopped.await;
-                })
+                super::serve_on(
+                    &workers,
+                    listener,
+                    app,
+                    None,
+                    super::Connections::new(limits),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
                 .await;
             })
         };

@@ -13,7 +13,14 @@ use stanch_core::Config;
 use stanch_core::config::{ConfigError, DEFAULT_CONFIG_YAML, MAX_POLICY_DURATION, Problem};
 
 /// The top-level keys of the configuration file that are the controller's own.
-pub const SERVER_KEYS: [&str; 5] = ["alertmanager", "auth", "intake", "watch", "history"];
+pub const SERVER_KEYS: [&str; 6] = [
+    "alertmanager",
+    "auth",
+    "intake",
+    "watch",
+    "history",
+    "connections",
+];
 
 /// A whole configuration file: the policy, and the controller's own settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +87,9 @@ pub struct ServerConfig {
     /// Audit history limits.
     #[serde(default)]
     pub history: HistoryConfig,
+    /// Connection limits of the API port.
+    #[serde(default)]
+    pub connections: ConnectionsConfig,
 }
 
 impl ServerConfig {
@@ -100,6 +110,10 @@ impl ServerConfig {
                 Some(self.watch.slow_client_timeout),
             ),
             ("intake.body_timeout", Some(self.intake.body_timeout)),
+            (
+                "connections.http2_idle_timeout",
+                Some(self.connections.http2_idle_timeout),
+            ),
             (
                 "alertmanager.interval",
                 self.alertmanager.as_ref().map(|a| a.interval),
@@ -133,6 +147,12 @@ impl ServerConfig {
         }
         if self.watch.max_watchers == 0 {
             problem("watch.max_watchers", "must be at least 1".into());
+        }
+        if self.connections.max == 0 {
+            problem("connections.max", "must be at least 1".into());
+        }
+        if self.connections.max_per_source == 0 {
+            problem("connections.max_per_source", "must be at least 1".into());
         }
         if self.history.max_entries == 0 {
             problem("history.max_entries", "must be at least 1".into());
@@ -230,6 +250,33 @@ impl Default for WatchConfig {
             slow_client_timeout: HumanDuration::secs(10),
             max_watchers: 10_000,
             grpc: true,
+        }
+    }
+}
+
+/// Connection limits of the API port: every connection counts, whatever it carries
+/// (watches, scrapes, notifications) and however it ends (a connection closed by the
+/// controller lingers a while, `docs/operations.md`, "Limits and what happens at
+/// them"). One past a limit is closed as soon as it is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionsConfig {
+    /// Open at once: room for `watch.max_watchers` watchers, one connection each,
+    /// and for the rest (Prometheus, Alertmanager, operators).
+    pub max: usize,
+    /// Open at once from one IP address (a gateway holds one or two).
+    pub max_per_source: usize,
+    /// An HTTP/2 connection with no stream open for this long is closed (an idle
+    /// HTTP/1.1 one is closed when `intake`'s header timeout, 30 s, passes).
+    pub http2_idle_timeout: HumanDuration,
+}
+
+impl Default for ConnectionsConfig {
+    fn default() -> Self {
+        Self {
+            max: 11_000,
+            max_per_source: 1_000,
+            http2_idle_timeout: HumanDuration::secs(60),
         }
     }
 }

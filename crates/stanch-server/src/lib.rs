@@ -39,7 +39,7 @@ use crate::engine_task::{EngineHandle, EngineTask, EngineUnavailable};
 use crate::history::History;
 use crate::leadership::Leadership;
 use crate::metrics::Metrics;
-use crate::net::ConnLimits;
+use crate::net::{ConnLimits, Http2Limits};
 use crate::reconcile::Reconciler;
 use crate::store::{FileStore, MemoryStore, StateStore, StoreError};
 
@@ -181,7 +181,21 @@ impl Controller {
             None => None,
         };
         let (config, server) = (settings.config, settings.server);
-        let metrics = Arc::new(Metrics::new());
+        // A watcher that stops reading is disconnected after the configured timeout.
+        let connections = &server.connections;
+        let conns = net::Connections::new(ConnLimits {
+            write_timeout: server.watch.slow_client_timeout.0,
+            http2: http2.then(|| Http2Limits {
+                idle_timeout: connections.http2_idle_timeout.0,
+                ..settings.limits.http2.unwrap_or_default()
+            }),
+            max_connections: connections.max,
+            max_per_source: connections.max_per_source,
+            ..settings.limits
+        });
+        let mut metrics = Metrics::new();
+        metrics.register_connections(&conns);
+        let metrics = Arc::new(metrics);
         let history_size = server.history.max_entries;
         let started = match settings.storage {
             Storage::Dir(dir) => {
@@ -243,12 +257,6 @@ impl Controller {
             wake.notify_one(); // Reconcile once at start: notifications may have been missed while down.
             tasks.spawn(reconciler.run(until_stopped()));
         }
-        // A watcher that stops reading is disconnected after the configured timeout.
-        let limits = ConnLimits {
-            write_timeout: server.watch.slow_client_timeout.0,
-            http2: http2.then(|| settings.limits.http2.unwrap_or_default()),
-            ..settings.limits
-        };
         let shared = api::Shared::new(
             started.handle.clone(),
             started.publisher.clone(),
@@ -275,7 +283,7 @@ impl Controller {
                 listener,
                 hyper_util::service::TowerToHyperService::new(app),
                 tls,
-                limits,
+                conns,
                 until_stopped(),
             )
             .instrument(info_span!("http", %addr)),

@@ -133,6 +133,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Adds the API port's connections: `stanch_connections_open` and
+    /// `stanch_connections_refused_total{reason}`.
+    pub fn register_connections(&mut self, conns: &std::sync::Arc<stanch_net::Connections>) {
+        self.registry.register_collector(conns.collector());
+    }
+
     /// Registers every metric.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("stanch");

@@ -657,7 +657,7 @@ async fn scripted_grpc_server(
         listener,
         hyper_util::service::TowerToHyperService::new(app),
         None,
-        limits,
+        stanch_server::net::Connections::new(limits),
         std::future::pending(),
     ));
     (url, heard)

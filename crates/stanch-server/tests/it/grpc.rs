@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use stanch_api::RouteTable;
+use stanch_api::proto::grpc_frame;
 use stanch_api::proto::v1::route_watch_client::RouteWatchClient;
 use stanch_api::proto::v1::{self, watch_request, watch_response};
 use tokio::sync::mpsc;
@@ -447,6 +448,52 @@ async fn garbage_on_the_wire_gets_invalid_argument() {
     s.table().await;
 }
 
+/// A message begun and never finished (the review's: 65,530 bytes of one declared
+/// as 65,535) would hold tonic's buffer for as long as heartbeats keep the stream
+/// open: it ends the stream at the slow-client timeout, with a clear status, however
+/// well the gateway reads.
+#[tokio::test]
+async fn a_message_begun_and_never_finished_ends_the_stream_at_the_deadline() {
+    let h = Harness::with(quick()).await;
+    let RawWatch {
+        response, mut body, ..
+    } = raw_watch(&h, None).await;
+    let mut frame = grpc_frame(&v1::WatchRequest {
+        kind: Some(hello("gw-partial", 0, "")),
+    });
+    // The next message's prefix says 65,535 bytes; 65,530 of them follow.
+    frame.extend_from_slice(&[0, 0, 0, 0xff, 0xff]);
+    frame.extend(std::iter::repeat_n(0x0a, 65_530));
+    body.send_data(frame.into(), false).unwrap();
+    let started = tokio::time::Instant::now();
+    let response = response.await.unwrap();
+    let mut answer = response.into_body();
+    let mut heartbeats = 0;
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(5), answer.data())
+        .await
+        .expect("the stream ends")
+    {
+        let chunk = chunk.unwrap();
+        let _ = answer.flow_control().release_capacity(chunk.len());
+        heartbeats += 1;
+    }
+    let took = started.elapsed();
+    let trailers = answer.trailers().await.unwrap().expect("trailers");
+    assert_eq!(trailers["grpc-status"], "3", "{trailers:?}");
+    // Percent-encoded, as gRPC sends messages.
+    let message = trailers["grpc-message"]
+        .to_str()
+        .unwrap()
+        .replace("%20", " ");
+    assert!(message.contains("not whole within 500ms"), "{message}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+        "at the slow-client timeout (500 ms): {took:?}"
+    );
+    assert!(heartbeats >= 2, "the table and heartbeats came meanwhile");
+    eventually(&h, "gw-partial", |g| g["connected"] == false).await;
+}
+
 /// A gateway `id` that says hello and then reads nothing: a window of a few bytes,
 /// never released, so the controller can send it nothing past the first table. Its
 /// connection, and what keeps its stream open.
@@ -462,13 +509,9 @@ async fn stuck(
         mut body,
         connection,
     } = raw_watch(h, Some(64)).await;
-    let hello = v1::WatchRequest {
+    let frame = grpc_frame(&v1::WatchRequest {
         kind: Some(hello(id, 0, "")),
-    };
-    let bytes = prost::Message::encode_to_vec(&hello);
-    let mut frame = vec![0u8];
-    frame.extend_from_slice(&u32::try_from(bytes.len()).unwrap().to_be_bytes());
-    frame.extend_from_slice(&bytes);
+    });
     body.send_data(frame.into(), false).unwrap();
     let response = response.await.unwrap();
     eventually(h, id, |g| g["connected"] == true).await;

@@ -40,9 +40,12 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
 use super::{AppState, WatcherGuard};
+
+mod deadline;
 use crate::auth::Role;
 use crate::gateways::{MAX_ID_LEN, Report, clean_reason, valid_id};
 use crate::net::CloseConnection;
+use crate::net::body::BodyBudget;
 
 /// The largest message a gateway may send (Hello, Ack and Nack are a few hundred
 /// bytes at most).
@@ -73,17 +76,25 @@ pub(super) fn router(state: AppState) -> axum::Router {
         v1 = v1.register_encoded_file_descriptor_set(set);
         v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
     }
+    // A message a client has begun must be whole within the slow-client timeout,
+    // holding its bytes from the budget of bodies still arriving.
+    let limits = (
+        state.server.watch.slow_client_timeout.0,
+        state.bodies.clone(),
+    );
     let watch = WatchService(Arc::new(Watch { state }));
     let built = "the descriptors compiled at build time";
-    let router = mount(axum::Router::new(), watch);
-    let router = mount(router, health);
-    let router = mount(router, v1.build_v1().expect(built));
-    mount(router, v1alpha.build_v1alpha().expect(built))
+    let router = mount(axum::Router::new(), watch, &limits);
+    let router = mount(router, health, &limits);
+    let router = mount(router, v1.build_v1().expect(built), &limits);
+    mount(router, v1alpha.build_v1alpha().expect(built), &limits)
 }
 
-/// Routes `/<package.Service>/<method>` to `service`. (tonic's own router would
-/// bring a fallback of its own, answering every other path as a gRPC call.)
-fn mount<S>(router: axum::Router, service: S) -> axum::Router
+/// Routes `/<package.Service>/<method>` to `service`, each message of a request to
+/// arrive within the duration of `limits` of its first byte, holding its bytes from
+/// the budget of `limits` meanwhile ([`deadline`]). (tonic's own router would bring a
+/// fallback of its own, answering every other path as a gRPC call.)
+fn mount<S>(router: axum::Router, service: S, limits: &(Duration, BodyBudget)) -> axum::Router
 where
     S: tower::Service<
             axum::http::Request<axum::body::Body>,
@@ -96,6 +107,13 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    let (within, budget) = limits.clone();
+    let service = tower::ServiceBuilder::new()
+        .map_request(move |request: axum::http::Request<axum::body::Body>| {
+            request
+                .map(|body| axum::body::Body::new(deadline::Deadline::new(body, within, &budget)))
+        })
+        .service(service);
     router.route_service(&format!("/{}/{{*method}}", S::NAME), service)
 }
 

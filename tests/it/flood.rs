@@ -363,3 +363,86 @@ fn a_partial_message_flood_holds_a_bounded_share() {
     );
     assert!(rss < 128.0, "peak RSS {rss:.0} MiB");
 }
+
+/// Alerts at the API's maximum: notifications of 1 MiB, every alert with 64 labels
+/// filling their 8 KiB and 64 annotations of 1 KiB (cut to 4 KiB), none of them
+/// mapping to anything (the review's flood was 320 such alerts with 62 annotations of
+/// 16 KB: 329 MB). The controller holds at most `alerts.max_bytes` of them, refuses
+/// the rest with 503, and its memory, data directory and a restart stay bounded.
+#[test]
+fn an_alert_flood_at_the_api_maximum_stays_within_bounds() {
+    let data = tempfile::tempdir().unwrap();
+    let log_path = data.path().join("stanch.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let dir = data.path().join("data");
+    let mut server = Server::start_with(&dir, &[], "http", "info", log, ["adm", "ing", "rd"]);
+    let http = client();
+    let alert = |n: usize| {
+        let mut labels = serde_json::Map::new();
+        labels.insert("alertname".into(), json!(format!("Flood{n:06}")));
+        for l in 1..64 {
+            labels.insert(
+                format!("l{l:02}"),
+                json!(format!("{n:06}{}", "v".repeat(120))),
+            );
+        }
+        let annotations: serde_json::Map<String, Value> = (0..64)
+            .map(|a| (format!("a{a:02}"), json!("d".repeat(1_000))))
+            .collect();
+        json!({"status": "firing", "labels": labels, "annotations": annotations,
+               "startsAt": "2026-12-07T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z"})
+    };
+    let per_request = 13;
+    let (mut taken, mut refused_503) = (0, 0);
+    for request in 0..120 {
+        let alerts: Vec<Value> = (0..per_request)
+            .map(|i| alert(request * per_request + i))
+            .collect();
+        let body = json!({"version": "4", "status": "firing", "receiver": "stanch",
+                          "alerts": alerts})
+        .to_string();
+        assert!(
+            body.len() <= 1 << 20,
+            "within intake.max_body_bytes: {}",
+            body.len()
+        );
+        let r = http
+            .post(format!("{}/v1/alerts/alertmanager", server.base))
+            .bearer_auth("ing")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .unwrap();
+        match r.status().as_u16() {
+            200 => taken += 1,
+            503 => refused_503 += 1,
+            other => panic!("request {request}: {other} {}", r.text().unwrap()),
+        }
+    }
+    let metrics = server.metrics();
+    let active = metric(&metrics, "stanch_alerts_active");
+    let rss = peak_rss_mib(server.child.id());
+    let disk = dir_bytes(&dir);
+    eprintln!(
+        "120 notifications of {per_request} alerts: {taken} taken whole, {refused_503} answered 503; \
+         {active} alerts active; peak RSS {rss:.0} MiB, data dir {} KiB",
+        disk / 1024
+    );
+    assert!(refused_503 > 0, "alerts.max_bytes was reached");
+    assert!(
+        (700.0..1_100.0).contains(&active),
+        "16 MiB holds about a thousand such alerts: {active}"
+    );
+    // 91 MiB as shipped (the release build), more as the test profile builds it.
+    assert!(rss < 128.0, "peak RSS {rss:.0} MiB");
+    assert!(disk < 64 << 20, "data dir {disk} bytes");
+
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let server = Server::start(&dir, &[], "http");
+    let again = metric(&server.metrics(), "stanch_alerts_active");
+    let rss = peak_rss_mib(server.child.id());
+    eprintln!("restarted: {again} alerts active, peak RSS {rss:.0} MiB");
+    assert_eq!(again, active, "a restart holds the same alerts");
+    assert!(rss < 128.0, "peak RSS after restart {rss:.0} MiB");
+}

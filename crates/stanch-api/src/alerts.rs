@@ -195,10 +195,39 @@ pub const MAX_LABELS: usize = 64;
 pub const MAX_LABEL_NAME: usize = 256;
 /// The longest label value, in bytes.
 pub const MAX_LABEL_VALUE: usize = 4096;
+/// The most bytes of label names and values one alert may carry: labels name an
+/// alert, so one past this is refused, never cut.
+pub const MAX_LABEL_BYTES: usize = 8 * 1024;
 /// The most annotations one alert may carry.
 pub const MAX_ANNOTATIONS: usize = 64;
-/// The longest annotation value, in bytes (descriptions and runbook text).
-pub const MAX_ANNOTATION_VALUE: usize = 16 * 1024;
+/// The bytes of annotation names and values kept per alert. Annotations describe an
+/// alert and decide nothing, so past this they are cut rather than refused: kept in
+/// name order, the value that does not fit cut short and ending in [`CUT`], the rest
+/// dropped, and the annotation [`TRUNCATED_ANNOTATION`] added saying how much went.
+pub const MAX_ANNOTATION_BYTES: usize = 4 * 1024;
+/// What ends a value cut short.
+pub const CUT: &str = "…[truncated]";
+/// The annotation that says annotations were cut.
+pub const TRUNCATED_ANNOTATION: &str = "stanch_truncated";
+/// What keeping a label or an annotation costs beyond its bytes, in
+/// [`IncomingAlert::held_bytes`] (two strings and a map entry).
+pub const ENTRY_OVERHEAD: usize = 64;
+/// What keeping an alert costs beyond its labels and annotations.
+pub const ALERT_OVERHEAD: usize = 256;
+
+impl IncomingAlert {
+    /// The bytes holding this alert costs, as `alerts.max_bytes` counts them: its
+    /// label and annotation names and values, [`ENTRY_OVERHEAD`] per entry and
+    /// [`ALERT_OVERHEAD`]. At most about 20 KiB, by the limits above.
+    pub fn held_bytes(&self) -> usize {
+        let entries = |set: &Labels| -> usize {
+            set.iter()
+                .map(|(k, v)| k.len() + v.len() + ENTRY_OVERHEAD)
+                .sum()
+        };
+        ALERT_OVERHEAD + entries(&self.labels) + entries(&self.annotations)
+    }
+}
 
 /// Checks a label set's size: `what` is `labels` or `annotations`.
 fn check_sizes(
@@ -230,6 +259,44 @@ fn check_sizes(
     Ok(())
 }
 
+/// The bytes of a set's names and values.
+fn set_bytes(set: &Labels) -> usize {
+    set.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+/// `annotations` within [`MAX_ANNOTATION_BYTES`] (see there).
+fn keep_annotations(annotations: Labels) -> Labels {
+    let total = set_bytes(&annotations);
+    if total <= MAX_ANNOTATION_BYTES {
+        return annotations;
+    }
+    // Room for the note, whose value is at most this long.
+    const NOTE: usize = 80;
+    let mut room = MAX_ANNOTATION_BYTES - TRUNCATED_ANNOTATION.len() - NOTE;
+    let mut kept = Labels::new();
+    for (name, value) in annotations {
+        let cost = name.len() + value.len();
+        if cost <= room {
+            room -= cost;
+            kept.insert(name, value);
+        } else if room > name.len() + CUT.len() {
+            let mut end = room - name.len() - CUT.len();
+            while !value.is_char_boundary(end) {
+                end -= 1;
+            }
+            let cut = format!("{}{CUT}", &value[..end]);
+            room -= name.len() + cut.len();
+            kept.insert(name, cut);
+        }
+    }
+    let dropped = total.saturating_sub(set_bytes(&kept));
+    kept.insert(
+        TRUNCATED_ANNOTATION.to_owned(),
+        format!("{dropped} bytes of annotations cut (at most {MAX_ANNOTATION_BYTES} kept)"),
+    );
+    kept
+}
+
 fn parse_alert(
     index: usize,
     value: Value,
@@ -250,13 +317,19 @@ fn parse_alert(
         )));
     }
     check_sizes(&prefix, "labels", &wire.labels, MAX_LABELS, MAX_LABEL_VALUE).map_err(reject)?;
+    let label_bytes = set_bytes(&wire.labels);
+    if label_bytes > MAX_LABEL_BYTES {
+        return Err(reject(format!(
+            "{prefix}.labels: {label_bytes} bytes of names and values, at most {MAX_LABEL_BYTES}"
+        )));
+    }
     if let Some(annotations) = &wire.annotations {
         check_sizes(
             &prefix,
             "annotations",
             annotations,
             MAX_ANNOTATIONS,
-            MAX_ANNOTATION_VALUE,
+            usize::MAX,
         )
         .map_err(reject)?;
     }
@@ -318,7 +391,7 @@ fn parse_alert(
         fingerprint,
         status,
         labels: wire.labels,
-        annotations: wire.annotations.unwrap_or_default(),
+        annotations: keep_annotations(wire.annotations.unwrap_or_default()),
         starts_at,
         // Alertmanager's webhook and list carry its own resolve deadline in endsAt for
         // firing alerts; stanch keeps them until a resolved notification instead.
@@ -461,5 +534,63 @@ mod tests {
         let err =
             parse_prometheus_push(br#"[{"labels":{}}]"#, Timestamp::from_millis(0)).unwrap_err();
         assert!(err.to_string().contains("at least one label"), "{err}");
+    }
+
+    /// An alert's webhook with these labels and annotations.
+    fn webhook(labels: &Labels, annotations: &Labels) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "version": "4", "status": "firing",
+            "alerts": [{"status": "firing", "labels": labels, "annotations": annotations,
+                        "startsAt": "2026-11-30T00:06:54Z"}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn labels_past_their_bytes_are_refused_with_the_count() {
+        let labels: Labels = (0..10)
+            .map(|i| (format!("l{i}"), "v".repeat(1000)))
+            .collect();
+        let err = parse_alertmanager_webhook(&webhook(&labels, &Labels::new())).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("alerts[0].labels: 10020 bytes of names and values, at most 8192"),
+            "{text}"
+        );
+    }
+
+    proptest::proptest! {
+        /// However many annotations, however long, in whatever script: what is kept is
+        /// within the bound (with the note), each value kept whole or cut at a
+        /// character boundary ending in the marker, and a set within the bound is
+        /// kept as it came.
+        #[test]
+        fn annotations_are_kept_within_their_bytes(
+            annotations in proptest::collection::btree_map(
+                "[a-z_]{1,40}",
+                proptest::prop_oneof![".{0,50}", "[a-zé語]{0,3000}"],
+                0..40,
+            ),
+        ) {
+            let mut labels = Labels::new();
+            labels.insert("alertname".into(), "A".into());
+            let batch = parse_alertmanager_webhook(&webhook(&labels, &annotations)).unwrap();
+            let kept = &batch.alerts[0].annotations;
+            let bytes = set_bytes(kept);
+            proptest::prop_assert!(bytes <= MAX_ANNOTATION_BYTES, "{bytes} bytes kept");
+            if set_bytes(&annotations) <= MAX_ANNOTATION_BYTES {
+                proptest::prop_assert_eq!(kept, &annotations);
+            } else {
+                proptest::prop_assert!(kept.contains_key(TRUNCATED_ANNOTATION));
+                for (name, value) in kept.iter().filter(|(k, _)| *k != TRUNCATED_ANNOTATION) {
+                    let original = &annotations[name];
+                    let whole = value == original;
+                    let cut = value
+                        .strip_suffix(CUT)
+                        .is_some_and(|start| original.starts_with(start));
+                    proptest::prop_assert!(whole || cut, "{name}: {value:?}");
+                }
+            }
+        }
     }
 }

@@ -329,10 +329,17 @@ pub struct AlertPolicy {
     /// condition takes the place of the longest-unrefreshed one that maps to nothing.
     /// A bound on what a high-cardinality rule routed to stanch can make it hold.
     pub max_active: usize,
+    /// The most bytes active alerts may hold together, as
+    /// `IncomingAlert::held_bytes` counts them (about 1 KiB for a typical alert, at
+    /// most about 20 KiB). A new alert past it is treated as one past `max_active`; a
+    /// refresh that would pass it keeps the alert's last content.
+    pub max_bytes: usize,
 }
 
 /// The most [`AlertPolicy::max_active`] may be.
 pub const MAX_ACTIVE_ALERTS: usize = 1_000_000;
+/// The least and the most [`AlertPolicy::max_bytes`] may be.
+pub const ALERT_BYTES_RANGE: std::ops::RangeInclusive<usize> = (1 << 20)..=(1 << 30);
 
 impl Default for AlertPolicy {
     fn default() -> Self {
@@ -340,6 +347,7 @@ impl Default for AlertPolicy {
             resolve_timeout: HumanDuration::secs(5 * 60),
             remember_resolved: HumanDuration::secs(60 * 60),
             max_active: 10_000,
+            max_bytes: 16 << 20,
         }
     }
 }
@@ -527,6 +535,16 @@ impl Config {
             problem(
                 "alerts.max_active".into(),
                 format!("must be between 1 and {MAX_ACTIVE_ALERTS}"),
+            );
+        }
+        if !ALERT_BYTES_RANGE.contains(&self.alerts.max_bytes) {
+            problem(
+                "alerts.max_bytes".into(),
+                format!(
+                    "must be between {} (1 MiB) and {} (1 GiB)",
+                    ALERT_BYTES_RANGE.start(),
+                    ALERT_BYTES_RANGE.end()
+                ),
             );
         }
         for (path, n, max) in [

@@ -90,14 +90,18 @@ pub enum Decision {
         /// Why.
         why: String,
     },
-    /// New alerts found the engine holding `alerts.max_active` already. One decision
-    /// per source and step however many alerts it turned away, so that a flood from a
-    /// high-cardinality rule is one entry, not thousands.
+    /// New alerts found the engine holding `alerts.max_active` alerts, or
+    /// `alerts.max_bytes` of them, already. One decision per source and step however
+    /// many alerts it turned away, so that a flood from a high-cardinality rule is one
+    /// entry, not thousands.
     AlertLimit {
         /// Who sent the new alerts.
         source: AlertSource,
-        /// The limit in force.
+        /// `alerts.max_active` in force.
         limit: usize,
+        /// `alerts.max_bytes` in force (0 in entries written before it was kept).
+        #[serde(default)]
+        max_bytes: usize,
         /// New alerts not taken: the notification is answered 503.
         refused: usize,
         /// Alerts that map to nothing, dropped to make room for new ones that map to a
@@ -327,6 +331,7 @@ impl fmt::Display for Decision {
             Decision::AlertLimit {
                 source,
                 limit,
+                max_bytes,
                 refused,
                 displaced,
                 alertnames,
@@ -335,7 +340,11 @@ impl fmt::Display for Decision {
                     AlertSource::Alertmanager => "Alertmanager",
                     AlertSource::Prometheus => "Prometheus",
                 };
-                write!(f, "alert limit ({limit} active) reached:")?;
+                write!(
+                    f,
+                    "alert limit ({limit} active or {} KiB held) reached:",
+                    max_bytes / 1024
+                )?;
                 if *refused > 0 {
                     write!(f, " refused {refused} new from {source}")?;
                 }

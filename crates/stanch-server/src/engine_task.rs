@@ -911,7 +911,7 @@ impl EngineTask {
                             reason: "limit",
                         })
                         .inc_by(*refused as u64);
-                    warn!(decision = %d, "alert limit reached (alerts.max_active)");
+                    warn!(decision = %d, "alert limit reached (alerts.max_active or alerts.max_bytes)");
                 }
                 Decision::BlockLimit { refused, .. } => {
                     m.blocks_refused

@@ -39,12 +39,16 @@ pub enum ApiError {
     /// New alerts were refused: the engine holds `alerts.max_active` already. The rest
     /// of the batch was taken, durably; a retry is answered the same until alerts
     /// resolve.
-    #[error("{refused} new alert(s) refused at the alert limit ({limit} active)")]
+    #[error(
+        "{refused} new alert(s) refused at the alert limit ({limit} active or {max_bytes} bytes held)"
+    )]
     AlertLimit {
         /// New alerts refused.
         refused: usize,
-        /// The limit in force.
+        /// `alerts.max_active` in force.
         limit: usize,
+        /// `alerts.max_bytes` in force.
+        max_bytes: usize,
     },
     /// An operator's block was not made: the engine holds `blocking.max_blocks`
     /// blocks, every one of them an operator's. Nothing changed.
@@ -128,10 +132,16 @@ impl IntoResponse for ApiError {
             ApiError::Busy => self.to_string(),
             ApiError::NotFound(what) => what.clone(),
             ApiError::Unavailable(why) => why.clone(),
-            ApiError::AlertLimit { refused, limit } => format!(
-                "{refused} new alert(s) refused: {limit} alerts are active, the limit \
-                 (alerts.max_active); the rest of the notification is kept; a rule with \
-                 that many alerts is routed to stanch (its alertnames are in the history)"
+            ApiError::AlertLimit {
+                refused,
+                limit,
+                max_bytes,
+            } => format!(
+                "{refused} new alert(s) refused: the active alerts are at a limit \
+                 (alerts.max_active, {limit} alerts, or alerts.max_bytes, {max_bytes} \
+                 bytes); the rest of the notification is kept; a rule with that many \
+                 alerts, or that large, is routed to stanch (its alertnames are in the \
+                 history)"
             ),
             ApiError::BlockLimit { limit } => format!(
                 "not blocked: {limit} blocks are held (blocking.max_blocks), every one an \

@@ -17,7 +17,7 @@ use stanch_api::status::{
 use stanch_api::{Fingerprint, HumanDuration, RouteTable, Rung, Timestamp};
 
 use crate::blocks::{self, NewBlock};
-use crate::config::Config;
+use crate::config::{AlertPolicy, Config};
 use crate::decision::{Decision, ResolvedBy};
 use crate::ladder::{self, Ctx, Health};
 use crate::mapping::{Condition, Mapper};
@@ -175,6 +175,9 @@ struct Overflow {
     /// Set once a search for an unmapped alert to drop found none, so that the rest
     /// of a full step need not search again; cleared when one is taken in.
     none_unmapped: bool,
+    /// The bytes the active alerts hold (`IncomingAlert::held_bytes`): counted when
+    /// a step first takes in a new or grown alert, kept as the step adds and removes.
+    held: Option<usize>,
 }
 
 /// How the alert limit treated an alert.
@@ -190,7 +193,7 @@ impl Overflow {
     fn record(
         &mut self,
         source: AlertSource,
-        limit: usize,
+        policy: &AlertPolicy,
         alertname: Option<&str>,
         how: Overflowed,
     ) {
@@ -198,7 +201,8 @@ impl Overflow {
             |d| matches!(d, Decision::AlertLimit { source: s, .. } if *s == source),
             || Decision::AlertLimit {
                 source,
-                limit,
+                limit: policy.max_active,
+                max_bytes: policy.max_bytes,
                 refused: 0,
                 displaced: 0,
                 alertnames: Vec::new(),
@@ -269,6 +273,7 @@ impl Overflow {
     /// The step's decisions, and a clean slate for the next step.
     fn take(&mut self) -> Vec<Decision> {
         self.none_unmapped = false;
+        self.held = None;
         std::mem::take(&mut self.limits)
     }
 }
@@ -618,11 +623,25 @@ impl Engine {
                     Ok(c) => (Some(c), None),
                     Err(u) => (None, Some(u.0)),
                 };
+                let grows = self.state.alerts.get(&fp).map_or(0, |r| {
+                    alert.held_bytes().saturating_sub(r.alert.held_bytes())
+                });
+                if grows > 0 && self.held_bytes() + grows > self.config.alerts.max_bytes {
+                    // A refresh that would pass alerts.max_bytes: still firing, so
+                    // still held, with its last content.
+                    if let Some(record) = self.state.alerts.get_mut(&fp) {
+                        record.received_at = now;
+                    }
+                    return self.refuse(&alert);
+                }
                 match self.state.alerts.get_mut(&fp) {
                     Some(record) => {
                         let meaning_changed = record.condition != condition;
                         // A refresh: keep the earliest start, take the newest end.
                         alert.starts_at = alert.starts_at.min(record.alert.starts_at);
+                        if let Some(held) = &mut self.overflow.held {
+                            *held = *held + alert.held_bytes() - record.alert.held_bytes();
+                        }
                         record.alert = alert;
                         record.received_at = now;
                         if meaning_changed {
@@ -638,23 +657,18 @@ impl Engine {
                         }
                     }
                     None => {
-                        if self.state.alerts.len() >= self.config.alerts.max_active
-                            && !self.make_room(&alert, condition.is_some())
-                        {
+                        if !self.make_room(&alert, condition.is_some()) {
                             // Its tombstone, if any, stays: a late duplicate of an
                             // earlier firing is still recognised.
-                            self.overflow.record(
-                                alert.source,
-                                self.config.alerts.max_active,
-                                alert.labels.get("alertname").map(String::as_str),
-                                Overflowed::Refused,
-                            );
-                            return;
+                            return self.refuse(&alert);
                         }
                         self.state.tombstones.remove(&fp);
                         if condition.is_none() {
                             // One to drop, should the engine fill up again this step.
                             self.overflow.none_unmapped = false;
+                        }
+                        if let Some(held) = &mut self.overflow.held {
+                            *held += alert.held_bytes();
                         }
                         let record = AlertRecord {
                             alert,
@@ -707,34 +721,64 @@ impl Engine {
         }
     }
 
-    /// Makes room among full alerts for `alert`, new: only an alert that maps to a
-    /// condition may take a place, that of the unmapped alert refreshed longest ago
-    /// (unmapped alerts change nothing in the table; they are kept to be shown).
-    /// False when there is no room to make. A scan of the active alerts for each new
-    /// alert that acts while full: such arrivals are few (a notification is at most
-    /// `intake.max_body_bytes`), and once none is left to drop the step stops looking.
-    fn make_room(&mut self, alert: &IncomingAlert, mapped: bool) -> bool {
-        if !mapped || self.overflow.none_unmapped {
-            return false;
-        }
-        let oldest = self
-            .state
-            .alerts
-            .iter()
-            .filter(|(_, r)| r.condition.is_none())
-            .min_by_key(|(fp, r)| (r.received_at, **fp))
-            .map(|(fp, _)| *fp);
-        let Some(record) = oldest.and_then(|fp| self.state.alerts.remove(&fp)) else {
-            self.overflow.none_unmapped = true;
-            return false;
-        };
+    /// Counts `alert` refused at the alert limits.
+    fn refuse(&mut self, alert: &IncomingAlert) {
         self.overflow.record(
             alert.source,
-            self.config.alerts.max_active,
-            record.alertname(),
-            Overflowed::Displaced,
+            &self.config.alerts,
+            alert.labels.get("alertname").map(String::as_str),
+            Overflowed::Refused,
         );
-        true
+    }
+
+    /// The bytes the active alerts hold (counted once a step, then kept).
+    fn held_bytes(&mut self) -> usize {
+        let alerts = &self.state.alerts;
+        *self
+            .overflow
+            .held
+            .get_or_insert_with(|| alerts.values().map(|r| r.alert.held_bytes()).sum())
+    }
+
+    /// Whether `alert`, new, fits within `alerts.max_active` and `alerts.max_bytes`,
+    /// making room if it must: only an alert that maps to a condition may take a
+    /// place, that of the unmapped alerts refreshed longest ago (unmapped alerts change
+    /// nothing in the table; they are kept to be shown). A scan of the active alerts
+    /// for each unmapped one dropped: such arrivals are few (a notification is at most
+    /// `intake.max_body_bytes`), and once none is left to drop the step stops looking.
+    fn make_room(&mut self, alert: &IncomingAlert, mapped: bool) -> bool {
+        let (max_active, max_bytes) = (self.config.alerts.max_active, self.config.alerts.max_bytes);
+        let needs = alert.held_bytes();
+        loop {
+            let fits =
+                self.state.alerts.len() < max_active && self.held_bytes() + needs <= max_bytes;
+            if fits {
+                return true;
+            }
+            if !mapped || self.overflow.none_unmapped {
+                return false;
+            }
+            let oldest = self
+                .state
+                .alerts
+                .iter()
+                .filter(|(_, r)| r.condition.is_none())
+                .min_by_key(|(fp, r)| (r.received_at, **fp))
+                .map(|(fp, _)| *fp);
+            let Some(record) = oldest.and_then(|fp| self.state.alerts.remove(&fp)) else {
+                self.overflow.none_unmapped = true;
+                return false;
+            };
+            if let Some(held) = &mut self.overflow.held {
+                *held -= record.alert.held_bytes();
+            }
+            self.overflow.record(
+                alert.source,
+                &self.config.alerts,
+                record.alertname(),
+                Overflowed::Displaced,
+            );
+        }
     }
 
     fn resolve(
@@ -745,6 +789,9 @@ impl Engine {
         out: &mut Vec<Decision>,
     ) {
         if let Some(record) = self.state.alerts.remove(&fp) {
+            if let Some(held) = &mut self.overflow.held {
+                *held -= record.alert.held_bytes();
+            }
             self.state.tombstones.insert(
                 fp,
                 Tombstone {

@@ -432,9 +432,11 @@ fn the_largest_table_the_limits_allow_is_one_every_transport_carries() {
     c.models.insert(model.clone(), served);
     c.blocking.max_blocks = MAX_BLOCKS;
     c.alerts.max_active = 2 * MAX_BLOCKS;
+    c.alerts.max_bytes = *stanch_core::config::ALERT_BYTES_RANGE.end();
     assert_eq!(c.validate(), []);
     let mut e = engine(c);
-    let alertname = "𝄞\"".repeat(2_000);
+    // As long as the intake lets a label value be.
+    let alertname = "𝄞\"".repeat(stanch_api::alerts::MAX_LABEL_VALUE / 5);
     let alerts = (0..MAX_BLOCKS + 100)
         .map(|i| {
             let endpoint = format!("{i:08}{}", "\"".repeat(MAX_ENDPOINT_BYTES - 8));

@@ -49,6 +49,7 @@ pub fn engine(config: Config) -> Engine {
 #[derive(Debug, Clone)]
 pub struct AlertBuilder {
     labels: Labels,
+    annotations: Labels,
     starts_at: Timestamp,
     ends_at: Option<Timestamp>,
     status: AlertStatus,
@@ -62,6 +63,7 @@ impl AlertBuilder {
         labels.insert("alertname".into(), name.into());
         AlertBuilder {
             labels,
+            annotations: Labels::new(),
             starts_at: T0,
             ends_at: None,
             status: AlertStatus::Firing,
@@ -72,6 +74,12 @@ impl AlertBuilder {
     /// Adds a label.
     pub fn label(mut self, k: &str, v: &str) -> Self {
         self.labels.insert(k.into(), v.into());
+        self
+    }
+
+    /// Adds an annotation.
+    pub fn annotation(mut self, k: &str, v: &str) -> Self {
+        self.annotations.insert(k.into(), v.into());
         self
     }
 
@@ -106,7 +114,7 @@ impl AlertBuilder {
             fingerprint: Fingerprint::of(&self.labels),
             status: self.status,
             labels: self.labels,
-            annotations: Labels::new(),
+            annotations: self.annotations,
             starts_at: self.starts_at,
             ends_at: self.ends_at,
             source: self.source,

@@ -1,6 +1,7 @@
-//! The alert limit: a flood of new alerts (a high-cardinality rule routed to stanch)
-//! is turned away beyond `alerts.max_active`, reported once per step, and never costs
-//! the alerts that act on the table.
+//! The alert limits: a flood of new alerts (a high-cardinality rule routed to stanch),
+//! or of large ones, is turned away beyond `alerts.max_active` alerts or
+//! `alerts.max_bytes` held, reported once per step, and never costs the alerts that
+//! act on the table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -17,6 +18,14 @@ const LIMIT: usize = 4;
 fn config(limit: usize) -> Config {
     let mut c = base_config();
     c.alerts.max_active = limit;
+    c
+}
+
+/// Limits in bytes, with room for many alerts in count.
+fn bytes_config(max_bytes: usize) -> Config {
+    let mut c = base_config();
+    c.alerts.max_active = 100;
+    c.alerts.max_bytes = max_bytes;
     c
 }
 
@@ -53,10 +62,9 @@ fn limits(decisions: &[Decision]) -> Vec<(usize, usize, Vec<String>)> {
                 displaced,
                 alertnames,
                 source,
-                limit,
+                ..
             } => {
                 assert_eq!(*source, AlertSource::Alertmanager);
-                assert_eq!(*limit, LIMIT);
                 Some((*refused, *displaced, alertnames.clone()))
             }
             _ => None,
@@ -87,7 +95,9 @@ fn a_flood_is_refused_beyond_the_limit_in_one_decision() {
         .unwrap()
         .to_string();
     assert!(
-        line.starts_with("alert limit (4 active) reached: refused 46 new from Alertmanager (A9, "),
+        line.starts_with(
+            "alert limit (4 active or 16384 KiB held) reached: refused 46 new from Alertmanager (A9, "
+        ),
         "{line}"
     );
 
@@ -161,40 +171,80 @@ fn a_notification_that_fills_the_engine_again_still_makes_room() {
 }
 
 #[test]
-fn the_limit_is_checked_with_its_path() {
-    let err = Config::from_yaml("models: {a: {pools: [p]}}\nalerts: {max_active: 2000000}\n")
-        .unwrap_err();
+fn the_limits_are_checked_with_their_paths() {
+    let err = Config::from_yaml(
+        "models: {a: {pools: [p]}}\nalerts: {max_active: 2000000, max_bytes: 1000}\n",
+    )
+    .unwrap_err();
+    let text = err.to_string();
     assert!(
-        err.to_string()
-            .contains("alerts.max_active: must be between 1 and 1000000"),
-        "{err}"
+        text.contains("alerts.max_active: must be between 1 and 1000000"),
+        "{text}"
+    );
+    assert!(
+        text.contains("alerts.max_bytes: must be between 1048576 (1 MiB) and 1073741824 (1 GiB)"),
+        "{text}"
     );
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    Fire(usize),
+    /// Alert `i`, with an annotation of this many bytes.
+    Fire(usize, usize),
     Resolve(usize),
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// Alert `i` firing at `now` with `size` bytes of annotation.
+fn sized(i: usize, size: usize, now: Timestamp) -> IncomingAlert {
+    alert(i)
+        .annotation("description", &"d".repeat(size))
+        .at(now)
+        .build()
+}
+
+fn op(sizes: &'static [usize]) -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => (0..12usize).prop_map(Op::Fire),
+        2 => (0..12usize, proptest::sample::select(sizes)).prop_map(|(i, s)| Op::Fire(i, s)),
         1 => (0..12usize).prop_map(Op::Resolve),
     ]
 }
 
-/// The limit, alert by alert, as plain maps: what the engine is held to.
-#[derive(Debug, Default)]
+/// One active alert in the [`Model`].
+#[derive(Debug)]
+struct Held {
+    mapped: bool,
+    /// When the instance held started.
+    started: Timestamp,
+    received: Timestamp,
+    fingerprint: Fingerprint,
+    bytes: usize,
+}
+
+/// The limits, alert by alert, as plain maps: what the engine is held to.
+#[derive(Debug)]
 struct Model {
-    /// Alert index → (maps to a condition, first started, last received, fingerprint).
-    active: BTreeMap<usize, (bool, Timestamp, Timestamp, Fingerprint)>,
+    max_active: usize,
+    max_bytes: usize,
+    active: BTreeMap<usize, Held>,
     /// Alert index → the start of the instance last resolved: a firing that started
     /// no later is a late duplicate of it.
     resolved: BTreeMap<usize, Timestamp>,
 }
 
 impl Model {
+    fn new(config: &Config) -> Model {
+        Model {
+            max_active: config.alerts.max_active,
+            max_bytes: config.alerts.max_bytes,
+            active: BTreeMap::new(),
+            resolved: BTreeMap::new(),
+        }
+    }
+
+    fn held(&self) -> usize {
+        self.active.values().map(|h| h.bytes).sum()
+    }
+
     /// Applies one step's batch, every alert started at `now`; returns (refused,
     /// displaced).
     fn step(&mut self, batch: &[Op], now: Timestamp) -> (usize, usize) {
@@ -202,8 +252,8 @@ impl Model {
         for op in batch {
             match *op {
                 Op::Resolve(i) => match self.active.remove(&i) {
-                    Some((_, started, ..)) => {
-                        self.resolved.insert(i, started);
+                    Some(held) => {
+                        self.resolved.insert(i, held.started);
                     }
                     None => {
                         if self.resolved.get(&i).is_none_or(|t| *t <= now) {
@@ -211,41 +261,104 @@ impl Model {
                         }
                     }
                 },
-                Op::Fire(i) => {
+                Op::Fire(i, size) => {
                     if self.resolved.get(&i).is_some_and(|t| *t >= now) {
                         continue;
                     }
-                    let mapped = acts(i);
+                    let bytes = sized(i, size, now).held_bytes();
+                    let held = self.held();
                     if let Some(entry) = self.active.get_mut(&i) {
-                        entry.2 = now;
+                        entry.received = now;
+                        if bytes > entry.bytes && held + bytes - entry.bytes > self.max_bytes {
+                            refused += 1;
+                        } else {
+                            entry.bytes = bytes;
+                        }
                         continue;
                     }
-                    if self.active.len() >= LIMIT {
+                    let mapped = acts(i);
+                    loop {
+                        if self.active.len() < self.max_active
+                            && self.held() + bytes <= self.max_bytes
+                        {
+                            break;
+                        }
                         let oldest = self
                             .active
                             .iter()
-                            .filter(|(_, (m, ..))| !m)
-                            .min_by_key(|(_, (_, _, at, fp))| (*at, *fp))
+                            .filter(|(_, h)| !h.mapped)
+                            .min_by_key(|(_, h)| (h.received, h.fingerprint))
                             .map(|(j, _)| *j);
                         match oldest {
                             Some(j) if mapped => {
                                 self.active.remove(&j);
                                 displaced += 1;
                             }
-                            _ => {
-                                refused += 1;
-                                continue;
-                            }
+                            _ => break,
                         }
                     }
+                    if self.active.len() >= self.max_active || self.held() + bytes > self.max_bytes
+                    {
+                        refused += 1;
+                        continue;
+                    }
                     self.resolved.remove(&i);
-                    let fp = alert(i).build().fingerprint;
-                    self.active.insert(i, (mapped, now, now, fp));
+                    let fingerprint = alert(i).build().fingerprint;
+                    self.active.insert(
+                        i,
+                        Held {
+                            mapped,
+                            started: now,
+                            received: now,
+                            fingerprint,
+                            bytes,
+                        },
+                    );
                 }
             }
         }
         (refused, displaced)
     }
+}
+
+/// Runs `steps` through an engine under `config` and the [`Model`], checking after
+/// each that they hold the same alerts and report the same refusals and drops.
+fn against_the_model(config: Config, steps: Vec<Vec<Op>>) -> Result<(), TestCaseError> {
+    let mut model = Model::new(&config);
+    let mut e = engine(config);
+    let mut now = T0;
+    for batch in steps {
+        now = now + Duration::from_secs(7);
+        // Each firing a new instance, so that an earlier resolution's tombstone
+        // does not make it a late duplicate.
+        let input = if batch.is_empty() {
+            Input::Tick
+        } else {
+            fire(batch.iter().map(|op| match *op {
+                Op::Fire(i, size) => sized(i, size, now),
+                Op::Resolve(i) => alert(i).at(now).resolved().build(),
+            }))
+        };
+        let step = e.step(input, now);
+        let expected = model.step(&batch, now);
+
+        let held: BTreeSet<Fingerprint> = e.state().alerts.keys().copied().collect();
+        let want: BTreeSet<Fingerprint> = model.active.values().map(|h| h.fingerprint).collect();
+        prop_assert_eq!(held, want, "after {:?}", batch);
+        let bytes: usize = e
+            .state()
+            .alerts
+            .values()
+            .map(|r| r.alert.held_bytes())
+            .sum();
+        prop_assert_eq!(bytes, model.held(), "after {:?}", batch);
+        prop_assert!(bytes <= model.max_bytes);
+        let reported = limits(&step.decisions);
+        prop_assert!(reported.len() <= 1);
+        let (refused, displaced, _) = reported.first().cloned().unwrap_or_default();
+        prop_assert_eq!((refused, displaced), expected, "after {:?}", batch);
+    }
+    Ok(())
 }
 
 proptest! {
@@ -259,33 +372,21 @@ proptest! {
     /// every drop.
     #[test]
     fn the_limit_holds_and_accounts_for_every_alert(
-        steps in proptest::collection::vec(proptest::collection::vec(op(), 0..6), 1..40),
+        steps in proptest::collection::vec(proptest::collection::vec(op(&[0]), 0..6), 1..40),
     ) {
-        let mut e = engine(config(LIMIT));
-        let mut model = Model::default();
-        let mut now = T0;
-        for batch in steps {
-            now = now + Duration::from_secs(7);
-            // Each firing a new instance, so that an earlier resolution's tombstone
-            // does not make it a late duplicate.
-            let input = if batch.is_empty() {
-                Input::Tick
-            } else {
-                fire(batch.iter().map(|op| match *op {
-                    Op::Fire(i) => alert(i).at(now).build(),
-                    Op::Resolve(i) => alert(i).at(now).resolved().build(),
-                }))
-            };
-            let step = e.step(input, now);
-            let expected = model.step(&batch, now);
+        against_the_model(config(LIMIT), steps)?;
+    }
 
-            let held: BTreeSet<Fingerprint> = e.state().alerts.keys().copied().collect();
-            let want: BTreeSet<Fingerprint> = model.active.values().map(|(.., fp)| *fp).collect();
-            prop_assert_eq!(held, want, "after {:?}", batch);
-            let reported = limits(&step.decisions);
-            prop_assert!(reported.len() <= 1);
-            let (refused, displaced, _) = reported.first().cloned().unwrap_or_default();
-            prop_assert_eq!((refused, displaced), expected, "after {:?}", batch);
-        }
+    /// The same in bytes: alerts of different sizes, refreshed larger and smaller,
+    /// never hold more than `alerts.max_bytes`; a refresh that would pass it keeps the
+    /// alert's last content and is counted as refused.
+    #[test]
+    fn the_byte_limit_holds_and_accounts_for_every_alert(
+        steps in proptest::collection::vec(
+            proptest::collection::vec(op(&[0, 300, 1_500, 4_000]), 0..6),
+            1..40,
+        ),
+    ) {
+        against_the_model(bytes_config(8_000), steps)?;
     }
 }

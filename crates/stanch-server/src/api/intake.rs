@@ -94,13 +94,20 @@ async fn ingest(
         Some(applied) => {
             // The engine counted and logged them; the sender must learn that it was
             // not heard in full, and retry.
-            if let Some((refused, limit)) = applied.decisions.iter().find_map(|d| match d {
-                Decision::AlertLimit { refused, limit, .. } if *refused > 0 => {
-                    Some((*refused, *limit))
-                }
+            if let Some(limit) = applied.decisions.iter().find_map(|d| match d {
+                Decision::AlertLimit {
+                    refused,
+                    limit,
+                    max_bytes,
+                    ..
+                } if *refused > 0 => Some(ApiError::AlertLimit {
+                    refused: *refused,
+                    limit: *limit,
+                    max_bytes: *max_bytes,
+                }),
                 _ => None,
             }) {
-                return Err(ApiError::AlertLimit { refused, limit });
+                return Err(limit);
             }
             applied.version
         }

@@ -106,7 +106,7 @@ fn rows() -> Vec<(&'static str, &'static str, Value)> {
             "/v1/alerts/alertmanager",
             "alerts[0].labels",
             alert(
-                Value::Object(many),
+                Value::Object(many.clone()),
                 json!({}),
                 "2026-11-30T00:00:00Z",
                 "0001-01-01T00:00:00Z",
@@ -124,10 +124,20 @@ fn rows() -> Vec<(&'static str, &'static str, Value)> {
         ),
         (
             "/v1/alerts/alertmanager",
-            "alerts[0].annotations.summary",
+            "alerts[0].labels",
+            alert(
+                json!({"alertname": long(4000), "a": long(4000), "b": long(300)}),
+                json!({}),
+                "2026-11-30T00:00:00Z",
+                "0001-01-01T00:00:00Z",
+            ),
+        ),
+        (
+            "/v1/alerts/alertmanager",
+            "alerts[0].annotations",
             alert(
                 ok_labels,
-                json!({"summary": long(16 * 1024 + 1)}),
+                Value::Object(many.clone()),
                 "2026-11-30T00:00:00Z",
                 "0001-01-01T00:00:00Z",
             ),

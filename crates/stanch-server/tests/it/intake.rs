@@ -301,10 +301,9 @@ async fn new_alerts_beyond_the_limit_get_503_and_what_was_taken_is_kept() {
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"], "alert_limit");
     assert!(
-        e["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("2 new alert(s) refused: 3 alerts are active"),
+        e["detail"].as_str().unwrap().starts_with(
+            "2 new alert(s) refused: the active alerts are at a limit (alerts.max_active, 3 alerts,"
+        ),
         "{e}"
     );
     assert_eq!(h.json("/v1/status").await["alerts"]["active"], 3);

@@ -387,6 +387,7 @@ fn tokens_are_files_of_the_secret_and_appear_nowhere_else() {
     let secret = one(&objects, "Secret", "stanch-prod-tokens");
     for (key, value) in [
         ("ingest-token", "ingest-secret-value"),
+        ("report-token", "report-secret-value"),
         ("admin-token", "admin-secret-value"),
         ("read-token", "read-secret-value"),
     ] {
@@ -428,11 +429,14 @@ fn tokens_are_files_of_the_secret_and_appear_nowhere_else() {
         if name.ends_with("-gateway") {
             assert_eq!(
                 keys,
-                ["read-token", "ingest-token"],
-                "least a gateway needs"
+                ["read-token", "report-token"],
+                "least a gateway needs: never the ingest token"
             );
         } else {
-            assert_eq!(keys, ["ingest-token", "admin-token", "read-token"]);
+            assert_eq!(
+                keys,
+                ["ingest-token", "report-token", "admin-token", "read-token"]
+            );
         }
     }
     let config = config_of(&objects, "stanch-prod-config", "stanch.yaml");
@@ -446,6 +450,14 @@ fn tokens_are_files_of_the_secret_and_appear_nowhere_else() {
         "/etc/stanch-gateway/tokens/read-token"
     );
     assert_eq!(
+        gateway["controller"]["report_token_file"],
+        "/etc/stanch-gateway/tokens/report-token"
+    );
+    assert_eq!(
+        config["auth"]["report_token_file"],
+        "/etc/stanch/tokens/report-token"
+    );
+    assert_eq!(
         gateway["controller"]["url"],
         "http://stanch-prod.monitoring.svc:9898"
     );
@@ -453,11 +465,11 @@ fn tokens_are_files_of_the_secret_and_appear_nowhere_else() {
     // Tokens left empty are generated: 40 characters, distinct.
     let objects = render(&[]);
     let data = &one(&objects, "Secret", "stanch-tokens")["data"];
-    let tokens: BTreeSet<String> = ["ingest-token", "admin-token", "read-token"]
+    let tokens: BTreeSet<String> = ["ingest-token", "report-token", "admin-token", "read-token"]
         .iter()
         .map(|k| unb64(data[k].as_str().unwrap()))
         .collect();
-    assert_eq!(tokens.len(), 3);
+    assert_eq!(tokens.len(), 4);
     assert!(tokens.iter().all(|t| t.len() == 40));
     // A Secret of one's own: the chart makes none and mounts that one.
     let objects = render(&["--set", "auth.existingSecret=mine"]);
@@ -654,7 +666,7 @@ fn a_config_or_token_change_rolls_the_pods() {
         let a = &d["spec"]["template"]["metadata"]["annotations"];
         (a["checksum/config"].clone(), a["checksum/tokens"].clone())
     };
-    let tokens = "auth.ingestToken=a,auth.adminToken=b,auth.readToken=c";
+    let tokens = "auth.ingestToken=a,auth.reportToken=r,auth.adminToken=b,auth.readToken=c";
     let base = annotations(&["--set", tokens]);
     assert_eq!(base, annotations(&["--set", tokens]));
     let config = annotations(&["--set", tokens, "--set", "config.dry_run=true"]);
@@ -662,7 +674,7 @@ fn a_config_or_token_change_rolls_the_pods() {
     assert_eq!(config.1, base.1);
     let token = annotations(&[
         "--set",
-        "auth.ingestToken=a,auth.adminToken=b,auth.readToken=d",
+        "auth.ingestToken=a,auth.reportToken=r,auth.adminToken=b,auth.readToken=d",
     ]);
     assert_eq!(token.0, base.0);
     assert_ne!(token.1, base.1);
@@ -798,18 +810,48 @@ fn alertmanager_is_wired_to_the_controller_with_the_ingest_token() {
 }
 
 #[test]
-fn the_network_policy_admits_the_gateways_and_the_namespace() {
+fn the_network_policy_admits_only_prometheus_alertmanager_and_gateways() {
     let gw = format!("{CHART}/examples/with-gateway.yaml");
-    let objects = render(&["-f", &gw, "--set", "networkPolicy.enabled=true"]);
+    // On by default.
+    let objects = render(&["-f", &gw]);
     let np = one(&objects, "NetworkPolicy", "stanch");
-    let from = &np["spec"]["ingress"][0]["from"];
-    assert_eq!(from[0], json!({"podSelector": {}}));
+    let from = np["spec"]["ingress"][0]["from"].as_array().unwrap();
+    let any_namespace = json!({});
+    for (peer, (key, value)) in from.iter().zip([
+        ("app.kubernetes.io/name", "prometheus"),
+        ("app.kubernetes.io/name", "alertmanager"),
+        ("stanch.dev/gateway", "true"),
+    ]) {
+        assert_eq!(peer["namespaceSelector"], any_namespace);
+        assert_eq!(peer["podSelector"]["matchLabels"], json!({key: value}));
+    }
+    // The release's gateways, by their pods' labels; nothing else.
+    assert_eq!(from.len(), 4, "{from:?}");
     let gateway = one(&objects, "Deployment", "stanch-gateway");
     let labels = &gateway["spec"]["template"]["metadata"]["labels"];
-    for (k, v) in from[1]["podSelector"]["matchLabels"].as_object().unwrap() {
+    for (k, v) in from[3]["podSelector"]["matchLabels"].as_object().unwrap() {
         assert_eq!(&labels[k], v);
     }
+    assert!(
+        from.iter()
+            .all(|p| p["podSelector"] != json!({}) || p.get("namespaceSelector").is_some()),
+        "no peer admits every pod of the namespace"
+    );
     assert_eq!(np["spec"]["ingress"][0]["ports"][0]["port"], "http");
+    assert_eq!(np["spec"]["policyTypes"], json!(["Ingress"]));
+    // More peers are added, not swapped in.
+    let objects = render(&[
+        "-f",
+        &gw,
+        "--set",
+        "networkPolicy.from[0].podSelector.matchLabels.app=stanch-ctl",
+    ]);
+    let np = one(&objects, "NetworkPolicy", "stanch");
+    let from = np["spec"]["ingress"][0]["from"].as_array().unwrap();
+    assert_eq!(from.len(), 5);
+    assert_eq!(from[4]["podSelector"]["matchLabels"]["app"], "stanch-ctl");
+    let off = render(&["--set", "networkPolicy.enabled=false"]);
+    assert!(of_kind(&off, "NetworkPolicy").is_empty());
 }
 
 /// The dashboard is the committed JSON, for Grafana's sidecar.
@@ -1022,25 +1064,60 @@ fn the_role_grants_exactly_what_the_controller_uses() {
     );
     until_exit(&mut replica);
 
-    let asked: BTreeSet<(String, String, String)> = api
-        .accesses()
-        .into_iter()
-        .map(|a| (a.group, a.resource, a.verb))
+    let accesses = api.accesses();
+    let asked: BTreeSet<(String, String, String)> = accesses
+        .iter()
+        .map(|a| (a.group.clone(), a.resource.clone(), a.verb.clone()))
         .collect();
     let objects = render(&["--set", "kubernetesPolicies.enabled=true"]);
     let role = one(&objects, "Role", "stanch");
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect()
+    };
     let mut granted = BTreeSet::new();
+    // (group, resource, verb) → the names a rule limits it to, where one does.
+    let mut named: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
     for rule in role["rules"].as_array().unwrap() {
-        for group in rule["apiGroups"].as_array().unwrap() {
-            for resource in rule["resources"].as_array().unwrap() {
-                for verb in rule["verbs"].as_array().unwrap() {
-                    granted.insert((
-                        group.as_str().unwrap().to_owned(),
-                        resource.as_str().unwrap().to_owned(),
-                        verb.as_str().unwrap().to_owned(),
-                    ));
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    let key = (group.clone(), resource.clone(), verb);
+                    if rule.get("resourceNames").is_some() {
+                        named.insert(key.clone(), strings(&rule["resourceNames"]));
+                    }
+                    granted.insert(key);
                 }
             }
+        }
+    }
+    // Where the names are known, the Role names them, and the controller asks for
+    // no other.
+    for (group, resource, verbs) in [
+        (
+            "coordination.k8s.io",
+            "leases",
+            ["get", "update"].as_slice(),
+        ),
+        ("stanch.dev", "stanchroutetables", &["patch"]),
+        ("stanch.dev", "stanchroutetables/status", &["patch"]),
+    ] {
+        for verb in verbs {
+            let key = (group.to_owned(), resource.to_owned(), (*verb).to_owned());
+            let names = named
+                .get(&key)
+                .unwrap_or_else(|| panic!("{key:?} is limited by resourceNames"));
+            assert_eq!(names, &["stanch"], "{key:?}");
+        }
+    }
+    for a in &accesses {
+        let key = (a.group.clone(), a.resource.clone(), a.verb.clone());
+        if let Some(names) = named.get(&key) {
+            let name = a.name.as_deref().unwrap_or("");
+            assert!(names.iter().any(|n| n == name), "{a:?} outside {names:?}");
         }
     }
     // The test's own requests (creating the policy, corrupting the state) are not the

@@ -102,7 +102,7 @@ fn serve_refuses_open_roles_off_loopback() {
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("without a token for role(s) ingest, admin, read"),
+        err.contains("without a token for role(s) ingest, report, admin, read"),
         "{err}"
     );
 }

@@ -391,7 +391,7 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
         .filter(|(at, _)| at.starts_with("/etc/stanch/tokens/"))
         .map(|(_, t)| t.clone())
         .collect();
-    assert_eq!(tokens.len(), 3);
+    assert_eq!(tokens.len(), 4);
     let read = controller
         .files
         .iter()

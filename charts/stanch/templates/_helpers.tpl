@@ -72,13 +72,13 @@ app.kubernetes.io/component: gateway
 
 {{/* The controller's configuration file: the user's, with the token files. */}}
 {{- define "stanch.config" -}}
-{{- $auth := dict "ingest_token_file" (printf "%s/ingest-token" (include "stanch.tokenDir" .)) "admin_token_file" (printf "%s/admin-token" (include "stanch.tokenDir" .)) "read_token_file" (printf "%s/read-token" (include "stanch.tokenDir" .)) -}}
+{{- $auth := dict "ingest_token_file" (printf "%s/ingest-token" (include "stanch.tokenDir" .)) "report_token_file" (printf "%s/report-token" (include "stanch.tokenDir" .)) "admin_token_file" (printf "%s/admin-token" (include "stanch.tokenDir" .)) "read_token_file" (printf "%s/read-token" (include "stanch.tokenDir" .)) -}}
 {{- toYaml (merge (dict "auth" $auth) (deepCopy .Values.config)) -}}
 {{- end -}}
 
 {{/* The gateway's configuration file: the user's, with how it reaches the controller. */}}
 {{- define "stanch.gatewayConfig" -}}
-{{- $controller := dict "url" (include "stanch.url" .) "token_file" "/etc/stanch-gateway/tokens/read-token" "ingest_token_file" "/etc/stanch-gateway/tokens/ingest-token" "state_file" "/var/lib/stanch-gateway/routes.json" -}}
+{{- $controller := dict "url" (include "stanch.url" .) "token_file" "/etc/stanch-gateway/tokens/read-token" "report_token_file" "/etc/stanch-gateway/tokens/report-token" "state_file" "/var/lib/stanch-gateway/routes.json" -}}
 {{- toYaml (merge (dict "controller" $controller) (deepCopy .Values.gateway.config)) -}}
 {{- end -}}
 

@@ -437,12 +437,38 @@ pub struct ControllerConfig {
     /// How often to report endpoint outcomes (`POST /v1/reports`); `0s` turns it off.
     #[serde(default = "default_report_interval")]
     pub report_interval: HumanDuration,
-    /// Environment variable holding the ingest token for reports.
+    /// Environment variable holding the report token, what reports are sent with.
+    #[serde(default)]
+    pub report_token_env: Option<String>,
+    /// File holding the report token.
+    #[serde(default)]
+    pub report_token_file: Option<String>,
+    /// Environment variable holding an ingest token, which the controller accepts for
+    /// reports too; used when no report token is named. Prefer the report token: it
+    /// can do nothing but report.
     #[serde(default)]
     pub ingest_token_env: Option<String>,
-    /// File holding the ingest token for reports.
+    /// File holding an ingest token, as `ingest_token_env`.
     #[serde(default)]
     pub ingest_token_file: Option<String>,
+}
+
+impl ControllerConfig {
+    /// Where the token reports are sent with comes from: (env, file), the report
+    /// token's when either is named, else the ingest token's.
+    pub fn report_token_source(&self) -> (Option<&String>, Option<&String>) {
+        if self.report_token_env.is_some() || self.report_token_file.is_some() {
+            (
+                self.report_token_env.as_ref(),
+                self.report_token_file.as_ref(),
+            )
+        } else {
+            (
+                self.ingest_token_env.as_ref(),
+                self.ingest_token_file.as_ref(),
+            )
+        }
+    }
 }
 
 /// The route-table resource a gateway follows.

@@ -1,6 +1,7 @@
 //! The gateway's HTTP front: the three proxied APIs go straight to [`crate::admit`]
 //! (nearly every request is one of them), the rest through a router: `/v1/models`,
-//! `/v1/status` and `/status`, `/metrics`, `/healthz`.
+//! `/healthz`, and, unless they are served on a listener of their own
+//! ([`status_router`]), `/v1/status` and `/status`, `/metrics`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,9 +29,19 @@ pub(crate) struct Front {
 }
 
 impl Front {
-    pub(crate) fn new(gateway: Arc<Gateway>) -> Front {
+    /// The front for callers; with `status`, it also answers `/v1/status`, `/status`
+    /// and `/metrics`.
+    pub(crate) fn new(gateway: Arc<Gateway>, status: bool) -> Front {
+        let rest = Router::new()
+            .route("/v1/models", get(models))
+            .route("/healthz", get(|| async { "ok\n" }));
+        let rest = if status {
+            rest.merge(status_routes())
+        } else {
+            rest
+        };
         Front {
-            rest: router(gateway.clone()),
+            rest: rest.with_state(gateway.clone()),
             gateway,
         }
     }
@@ -59,13 +70,18 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Front {
     }
 }
 
-/// The gateway's routes besides the proxied ones (which `Front` serves).
-fn router(gateway: Arc<Gateway>) -> Router {
+/// What the gateway shows of itself: its status (with its upstreams' URLs) and its
+/// metrics.
+fn status_routes() -> Router<Arc<Gateway>> {
     Router::new()
-        .route("/v1/models", get(models))
         .route("/v1/status", get(status))
         .route("/status", get(status_text))
         .route("/metrics", get(metrics))
+}
+
+/// The status listener's routes: the status, the metrics and `/healthz`.
+pub(crate) fn status_router(gateway: Arc<Gateway>) -> Router {
+    status_routes()
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(gateway)
 }

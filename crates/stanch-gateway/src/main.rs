@@ -27,6 +27,10 @@ struct Args {
     /// Validate the configuration and exit (64 with every problem, 0 when valid).
     #[arg(long)]
     check: bool,
+    /// Serve the status (`/v1/status`, `/status`) and the metrics on this address
+    /// instead of the callers' (`--listen`), which then does not answer them.
+    #[arg(long, env = "STANCH_GATEWAY_STATUS_LISTEN")]
+    status_listen: Option<SocketAddr>,
     /// Threads serving callers (0: one per core). Each serves its share of the
     /// connections whole, with its own upstream connections.
     #[arg(long, env = "STANCH_GATEWAY_WORKER_THREADS", default_value_t = 0)]
@@ -79,7 +83,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, args.listen, &workers, logging.dropped())) {
+    let listen = (args.listen, args.status_listen);
+    match runtime.block_on(run(config, listen, &workers, logging.dropped())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("stanch-gateway: {e:#}");
@@ -88,9 +93,10 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs the gateway on (the callers' address, the status listener's, if apart).
 async fn run(
     config: GatewayConfig,
-    listen: SocketAddr,
+    (listen, status_listen): (SocketAddr, Option<SocketAddr>),
     workers: &stanch_net::Workers,
     log_drops: stanch_log::Dropped,
 ) -> anyhow::Result<()> {
@@ -136,11 +142,8 @@ async fn run(
                 .clone()
                 .or_else(|| std::env::var("HOSTNAME").ok())
                 .unwrap_or_else(|| listen.to_string());
-            let token = secret(
-                c.ingest_token_env.as_ref(),
-                c.ingest_token_file.as_ref(),
-                None,
-            );
+            let (env, file) = c.report_token_source();
+            let token = secret(env, file, None);
             (c.url.clone(), token, id, c.report_interval.0)
         })
         .and_then(|(url, token, id, interval)| Some((url?, token, id, interval)));
@@ -160,9 +163,22 @@ async fn run(
         ));
     }
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, workers = workers.len(), "stanch-gateway listening");
+    let status = match status_listen {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("--status-listen {at}"))?,
+        ),
+        None => None,
+    };
+    match status_listen {
+        Some(status) => {
+            tracing::info!(%listen, %status, workers = workers.len(), "stanch-gateway listening; status and metrics apart")
+        }
+        None => tracing::info!(%listen, workers = workers.len(), "stanch-gateway listening"),
+    }
     let shutdown = stanch_net::shutdown_signal();
-    stanch_gateway::serve_on(workers, listener, gateway, shutdown).await?;
+    stanch_gateway::serve_on(workers, listener, status, gateway, shutdown).await?;
     Ok(())
 }
 

@@ -57,14 +57,14 @@ pub const GROUP: &str = "stanch.dev";
 #[serde(rename_all = "camelCase")]
 pub struct StanchPolicySpec {
     /// The model's name, as clients request it.
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = 253), regex(pattern = PRINTABLE))]
     pub model: String,
     /// Its pools, in failover order: the first is the primary.
     #[schemars(length(min = 1, max = 16))]
     pub pools: Vec<PolicyPool>,
     /// Where non-VIP traffic goes when the model is degraded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = 1, max = 253), regex(pattern = PRINTABLE))]
     pub fallback: Option<String>,
     /// The FAQ set answered from on the static rung.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,7 +89,7 @@ pub struct StanchPolicySpec {
 #[serde(rename_all = "camelCase")]
 pub struct PolicyPool {
     /// The pool's name, as alerts and gateways name it (`dc-a`).
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 1, max = 63), regex(pattern = PRINTABLE))]
     pub name: String,
     /// Its endpoints as gateways name them (URL or host:port), which enables the
     /// guard against blocking a pool's only endpoint.
@@ -100,6 +100,10 @@ pub struct PolicyPool {
 
 /// A duration as stanch writes it: `30s`, `5m`, `1h30m`.
 const DURATION: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h|d|w) *)+$";
+/// A name with no control characters (a model's, a pool's, a FAQ set's), as the
+/// controller's configuration requires: such names become metric label values and
+/// log fields.
+const PRINTABLE: &str = r"^[^\x00-\x1F\x7F]+$";
 
 /// A model's own ladder timings; each one given replaces the controller's.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

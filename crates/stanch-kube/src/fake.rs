@@ -88,6 +88,9 @@ pub struct Access {
     pub resource: String,
     /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`.
     pub verb: String,
+    /// The object's name, where the request's path names one (as `resourceNames`
+    /// sees it: not for `create`, `list` or `watch`).
+    pub name: Option<String>,
 }
 
 type FaultPlan = Box<dyn FnMut(&str, &str) -> Option<WriteFault> + Send>;
@@ -297,6 +300,7 @@ fn access(method: &Method, t: &Target, query: &BTreeMap<String, String>) -> Acce
             None => t.plural.clone(),
         },
         verb: verb.to_ascii_lowercase(),
+        name: t.name.clone(),
     }
 }
 

@@ -1,8 +1,14 @@
 //! Bearer tokens per role, compared in constant time.
 //!
-//! Three roles: `ingest` (alerts and gateway reports), `admin` (overrides) and `read`
-//! (routes, status, history). The admin token is accepted for every role. A role
-//! without a token is open, which `serve` allows only on a loopback listener.
+//! Four roles: `ingest` (alerts, and gateway reports), `report` (gateway reports
+//! only), `admin` (overrides) and `read` (routes, status, history). The admin token is
+//! accepted for every role, and the ingest token for reports. A role without a token
+//! is open, which `serve` allows only on a loopback listener; `report` without a token
+//! of its own takes the ingest token's, so it is open only when ingest is.
+//!
+//! The report role exists so that gateways need not hold the ingest token: a gateway
+//! pod that is compromised can then report outcomes (which the controller bounds and
+//! checks against the topology) but not raise or resolve alerts.
 
 use std::fmt;
 
@@ -17,6 +23,8 @@ use crate::error::ApiError;
 pub enum Role {
     /// Alert intake and gateway reports.
     Ingest,
+    /// Gateway reports only.
+    Report,
     /// Overrides.
     Admin,
     /// Routes, status, history.
@@ -25,12 +33,13 @@ pub enum Role {
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 3] = [Role::Ingest, Role::Admin, Role::Read];
+    pub const ALL: [Role; 4] = [Role::Ingest, Role::Report, Role::Admin, Role::Read];
 
     /// The role's name, as in `STANCH_<NAME>_TOKEN`.
     pub const fn name(self) -> &'static str {
         match self {
             Role::Ingest => "ingest",
+            Role::Report => "report",
             Role::Admin => "admin",
             Role::Read => "read",
         }
@@ -41,6 +50,7 @@ impl Role {
 #[derive(Clone, Default)]
 pub struct Tokens {
     ingest: Option<SecretString>,
+    report: Option<SecretString>,
     admin: Option<SecretString>,
     read: Option<SecretString>,
 }
@@ -50,30 +60,47 @@ impl fmt::Debug for Tokens {
         let set = |t: &Option<SecretString>| if t.is_some() { "set" } else { "unset" };
         f.debug_struct("Tokens")
             .field("ingest", &set(&self.ingest))
+            .field("report", &set(&self.report))
             .field("admin", &set(&self.admin))
             .field("read", &set(&self.read))
             .finish()
     }
 }
 
+/// A token from a value; an empty one counts as unset.
+fn secret(value: Option<String>) -> Option<SecretString> {
+    value
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .map(SecretString::from)
+}
+
 impl Tokens {
-    /// Tokens from values; empty strings count as unset.
+    /// Tokens from values; empty strings count as unset. The report role has none of
+    /// its own ([`Tokens::with_report`]).
     pub fn new(ingest: Option<String>, admin: Option<String>, read: Option<String>) -> Tokens {
-        let secret = |v: Option<String>| {
-            v.map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .map(SecretString::from)
-        };
         Tokens {
             ingest: secret(ingest),
+            report: None,
             admin: secret(admin),
             read: secret(read),
         }
     }
 
+    /// These tokens, with `report` the report role's own.
+    pub fn with_report(self, report: Option<String>) -> Tokens {
+        Tokens {
+            report: secret(report),
+            ..self
+        }
+    }
+
+    /// The token that opens `role` by itself (besides the admin token): its own; for
+    /// `report` without one of its own, the ingest token.
     fn own(&self, role: Role) -> Option<&SecretString> {
         match role {
             Role::Ingest => self.ingest.as_ref(),
+            Role::Report => self.report.as_ref().or(self.ingest.as_ref()),
             Role::Admin => self.admin.as_ref(),
             Role::Read => self.read.as_ref(),
         }
@@ -113,7 +140,16 @@ impl Tokens {
                     .ct_eq(presented.as_bytes()),
             )
         };
-        if matches(own) || self.admin.as_ref().is_some_and(matches) {
+        // Reports take the ingest token too (it took them before the report role).
+        let also = match role {
+            Role::Report => self.ingest.as_ref(),
+            _ => None,
+        };
+        if [Some(own), self.admin.as_ref(), also]
+            .into_iter()
+            .flatten()
+            .any(matches)
+        {
             Ok(())
         } else {
             Err(ApiError::Unauthorized)
@@ -232,6 +268,39 @@ mod tests {
         ] {
             assert!(!loopback(bad), "{bad}");
         }
+    }
+
+    /// The report role: its own token, or the ingest or admin token; without a token
+    /// of its own, the ingest token's; and the report token opens nothing else.
+    #[test]
+    fn reports_take_their_own_token_or_the_ingest_one() {
+        let all = |report: Option<&str>| {
+            Tokens::new(Some("in".into()), Some("ad".into()), Some("rd".into()))
+                .with_report(report.map(Into::into))
+        };
+        let t = all(Some("rp"));
+        for ok in ["rp", "in", "ad"] {
+            assert!(t.check(Role::Report, &bearer(ok)).is_ok(), "{ok}");
+        }
+        assert!(t.check(Role::Report, &bearer("rd")).is_err());
+        assert!(t.check(Role::Report, &HeaderMap::new()).is_err());
+        for role in [Role::Ingest, Role::Admin, Role::Read] {
+            assert!(
+                t.check(role, &bearer("rp")).is_err(),
+                "the report token is no {role:?} token"
+            );
+        }
+        assert!(t.open_roles().is_empty());
+
+        let t = all(None);
+        assert!(t.check(Role::Report, &bearer("in")).is_ok());
+        assert!(t.check(Role::Report, &bearer("rp")).is_err());
+        assert!(
+            t.open_roles().is_empty(),
+            "without its own token, report is as closed as ingest"
+        );
+        let open = Tokens::new(None, Some("ad".into()), Some("rd".into()));
+        assert_eq!(open.open_roles(), [Role::Ingest, Role::Report]);
     }
 
     #[test]

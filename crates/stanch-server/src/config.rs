@@ -188,6 +188,10 @@ pub struct AuthConfig {
     /// Token for alert intake and gateway reports.
     #[serde(default)]
     pub ingest_token_file: Option<String>,
+    /// Token for gateway reports only, the one gateways hold (without it, reports
+    /// take the ingest token).
+    #[serde(default)]
+    pub report_token_file: Option<String>,
     /// Token for overrides.
     #[serde(default)]
     pub admin_token_file: Option<String>,

@@ -16,6 +16,20 @@ impl Drop for Killed {
     }
 }
 
+/// A configuration of one model, `qwen-72b`, served by `up`, written under `dir`.
+fn one_model(dir: &std::path::Path, up: &Upstream) -> std::path::PathBuf {
+    let config = dir.join("gateway.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "models:\n  qwen-72b:\n    pools:\n      - {{name: p, endpoints: [{{url: '{}'}}]}}\n",
+            up.base
+        ),
+    )
+    .unwrap();
+    config
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -29,15 +43,7 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint(
     let up = Upstream::start("qwen-72b", "a").await;
     let dir = std::env::temp_dir().join(format!("stanch-gw-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("gateway.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "models:\n  qwen-72b:\n    pools:\n      - {{name: p, endpoints: [{{url: '{}'}}]}}\n",
-            up.base
-        ),
-    )
-    .unwrap();
+    let config = one_model(&dir, &up);
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let mut gateway = started(&config, port, "3").await;
@@ -208,15 +214,7 @@ async fn stops_cleanly_on(gateway: &mut Killed, signal: &str) {
 async fn every_access_line_is_written_whole_and_none_lost_at_a_stop() {
     let up = Upstream::start("qwen-72b", "a").await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "models:\n  qwen-72b:\n    pools:\n      - {{name: p, endpoints: [{{url: '{}'}}]}}\n",
-            up.base
-        ),
-    )
-    .unwrap();
+    let config = one_model(dir.path(), &up);
     for format in ["text", "json"] {
         let log_path = dir.path().join(format!("gateway-{format}.log"));
         let log = std::fs::File::create(&log_path).unwrap();
@@ -376,4 +374,60 @@ async fn the_binary_follows_the_route_table_resource_without_reaching_the_contro
         (0, 1),
         "failed over to dc-b"
     );
+}
+
+/// With `--status-listen`, the status (which names the upstreams) and the metrics are
+/// served on their own address and the callers' port does not answer them; callers
+/// are served as before, and both stop on SIGTERM.
+#[tokio::test]
+async fn status_and_metrics_can_be_served_apart_from_callers() {
+    let up = Upstream::start("qwen-72b", "a").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = one_model(dir.path(), &up);
+    let (port, status_port) = (free_port(), free_port());
+    let status_at = format!("127.0.0.1:{status_port}");
+    let mut gateway = started_logging(
+        &config,
+        port,
+        "2",
+        &["--status-listen", &status_at],
+        "warn",
+        Stdio::null(),
+    )
+    .await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let callers = format!("http://127.0.0.1:{port}");
+    let status = format!("http://{status_at}");
+    for path in ["/v1/status", "/status", "/metrics"] {
+        let r = http.get(format!("{callers}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path} is not the callers'");
+        let r = http.get(format!("{status}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path} on the status listener");
+    }
+    let text = |url: String| {
+        let http = http.clone();
+        async move { http.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let shown = text(format!("{status}/v1/status")).await;
+    assert!(shown.contains(&up.base), "the status names the upstream");
+    for base in [&callers, &status] {
+        let r = http.get(format!("{base}/healthz")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{base}/healthz");
+    }
+    let body = serde_json::json!({"model": "qwen-72b", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = http
+        .post(format!("{callers}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let metrics = text(format!("{status}/metrics")).await;
+    assert!(
+        metrics.contains("stanch_gateway_requests_total{"),
+        "the callers' requests are counted"
+    );
+    assert!(metrics.contains("stanch_gateway_connections_open "));
+    stops_cleanly_on(&mut gateway, "-TERM").await;
 }

@@ -104,6 +104,21 @@ fn the_schemas_are_structural_and_carry_their_rules() {
     );
     // The CEL rules' cost is bounded by the lists' lengths.
     assert_eq!(spec["properties"]["pools"]["maxItems"], 16);
+    // Names become metric labels and log fields: the API server refuses control
+    // characters in them, as the controller's configuration does.
+    for name in [
+        &spec["properties"]["model"],
+        &spec["properties"]["fallback"],
+        &spec["properties"]["pools"]["items"]["properties"]["name"],
+    ] {
+        let pattern = regex::Regex::new(name["pattern"].as_str().expect("a pattern")).unwrap();
+        for good in ["qwen-72b", "Qwen/Qwen2.5-72B-Instruct", "模型 1"] {
+            assert!(pattern.is_match(good), "{good}");
+        }
+        for bad in ["a\nb", "a\u{1b}[2J", "tab\there", "del\u{7f}", ""] {
+            assert!(!pattern.is_match(bad), "{bad:?}");
+        }
+    }
 }
 
 /// The route-table resource's status is the table as the HTTP watch serves it:

@@ -151,10 +151,16 @@ pub fn router(state: AppState) -> Router {
     let ingest = Router::new()
         .route("/v1/alerts/alertmanager", post(intake::alertmanager))
         .route("/api/v2/alerts", post(intake::prometheus))
-        .route("/v1/reports", post(intake::reports))
         .route_layer(middleware::from_fn_with_state(state.clone(), leader_only))
         .route_layer(middleware::from_fn_with_state(
             (state.clone(), Role::Ingest),
+            require,
+        ));
+    let report = Router::new()
+        .route("/v1/reports", post(intake::reports))
+        .route_layer(middleware::from_fn_with_state(state.clone(), leader_only))
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), Role::Report),
             require,
         ));
     let admin = Router::new()
@@ -196,6 +202,7 @@ pub fn router(state: AppState) -> Router {
     };
     Router::new()
         .merge(ingest)
+        .merge(report)
         .merge(admin)
         .merge(read)
         .merge(open)
@@ -211,7 +218,7 @@ async fn require(
 ) -> Result<Response, ApiError> {
     state.tokens.check(role, request.headers())?;
     if state.tokens.is_open(role) {
-        let changes = matches!(role, Role::Ingest | Role::Admin);
+        let changes = matches!(role, Role::Ingest | Role::Report | Role::Admin);
         crate::auth::same_machine(
             request.headers(),
             request.uri().authority().map(|a| a.as_str()),

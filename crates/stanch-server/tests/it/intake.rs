@@ -225,6 +225,42 @@ async fn unmapped_alerts_are_counted_not_refused() {
     );
 }
 
+/// The report token, which gateways hold, posts reports and nothing else; reports
+/// also take the ingest and admin tokens.
+#[tokio::test]
+async fn the_report_token_reports_and_does_nothing_else() {
+    let h = Harness::start().await;
+    let report = r#"{"gateway": "gw-1", "endpoints": []}"#;
+    for token in [REPORT, INGEST, ADMIN] {
+        let r = h.post("/v1/reports", Some(token), report).await;
+        assert_eq!(r.status(), 200, "{token}");
+    }
+    for token in [READ, "nope"] {
+        let r = h.post("/v1/reports", Some(token), report).await;
+        assert_eq!(r.status(), 401, "{token}");
+    }
+    let alert = webhook_body(
+        "firing",
+        &[
+            ("alertname", "A"),
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-72b"),
+        ],
+        "2026-11-30T00:06:00Z",
+    );
+    for path in ["/v1/alerts/alertmanager", "/v1/admin/unblock-all"] {
+        let body = if path.contains("admin") {
+            r#"{"reason": "r"}"#.to_owned()
+        } else {
+            alert.clone()
+        };
+        let r = h.post(path, Some(REPORT), body).await;
+        assert_eq!(r.status(), 401, "{path}");
+    }
+    assert_eq!(h.get("/v1/status", Some(REPORT)).await.status(), 401);
+    assert_eq!(h.routes().await["version"], 1, "nothing changed");
+}
+
 #[tokio::test]
 async fn gateway_reports_block_an_endpoint_for_every_gateway() {
     let h = Harness::start().await;
@@ -234,7 +270,7 @@ async fn gateway_reports_block_an_endpoint_for_every_gateway() {
         .to_string()
     };
     let r = h
-        .post("/v1/reports", Some(INGEST), report("gw-1", 2, 2))
+        .post("/v1/reports", Some(REPORT), report("gw-1", 2, 2))
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(

@@ -15,6 +15,7 @@ use stanch_server::{Controller, Settings};
 pub const INGEST: &str = "ingest-token";
 pub const ADMIN: &str = "admin-token";
 pub const READ: &str = "read-token";
+pub const REPORT: &str = "report-token";
 
 /// The time the shared fixtures were captured: 2026-11-30T00:07:00Z.
 pub fn fixture_time() -> Timestamp {
@@ -186,6 +187,7 @@ async fn launch(
 ) -> Controller {
     let tokens = if tokens {
         Tokens::new(Some(INGEST.into()), Some(ADMIN.into()), Some(READ.into()))
+            .with_report(Some(REPORT.into()))
     } else {
         Tokens::default()
     };

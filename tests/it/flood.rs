@@ -276,6 +276,67 @@ fn a_connection_and_watch_flood_holds_a_bounded_share() {
     );
 }
 
+/// A gRPC watch on its way: the answer to come, and the request's body, kept open.
+type Watch = (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>);
+
+/// Opens `connections` HTTP/2 connections to `server` of `streams` gRPC watches each,
+/// every one sending `first(n)` at once (its Hello, and whatever follows), as a client
+/// on HTTP/2 itself would; returns the watches and the connections' tasks.
+async fn grpc_watches(
+    server: &Server,
+    connections: usize,
+    streams: usize,
+    first: impl Fn(usize) -> Vec<u8>,
+) -> (
+    Vec<Watch>,
+    Vec<tokio::task::JoinHandle<Result<(), h2::Error>>>,
+) {
+    let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
+    let mut watches = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..connections {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        held.push(tokio::spawn(connection));
+        let mut client = client.ready().await.unwrap();
+        for _ in 0..streams {
+            let request =
+                http::Request::post(format!("{}/stanch.v1.RouteWatch/WatchRoutes", server.base))
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .header("authorization", "Bearer rd")
+                    .body(())
+                    .unwrap();
+            client = client.ready().await.unwrap();
+            let (response, mut body) = client.send_request(request, false).unwrap();
+            let bytes = first(watches.len());
+            body.reserve_capacity(bytes.len());
+            body.send_data(bytes.into(), false).unwrap();
+            watches.push((response, body));
+        }
+    }
+    (watches, held)
+}
+
+/// A gateway's Hello, as gRPC frames it.
+fn hello(n: usize) -> Vec<u8> {
+    use stanch_api::proto::v1;
+    stanch_api::proto::grpc_frame(&v1::WatchRequest {
+        kind: Some(v1::watch_request::Kind::Hello(v1::Hello {
+            gateway_id: format!("gw-{n:05}"),
+            ..Default::default()
+        })),
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// gRPC streams by the thousand, each sending its Hello and then 65,530 bytes of a
 /// message declared as 65,535 (the review's): what they hold is bounded by the
 /// budget of bodies arriving, and every one ends by `watch.slow_client_timeout`.
@@ -286,48 +347,21 @@ fn a_partial_message_flood_holds_a_bounded_share() {
     let data = tempfile::tempdir().unwrap();
     let config = config_file(data.path(), "watch:\n  slow_client_timeout: 3s\n");
     let server = Server::start(&data.path().join("data"), &["--config", &config], "http");
-    let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let (connections, streams) = (40, 100);
     let started = tokio::time::Instant::now();
-    let ended = runtime.block_on(async {
-        let mut answers = Vec::new();
-        let mut held = Vec::new();
-        for _ in 0..connections {
-            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-            held.push(tokio::spawn(connection));
-            let mut client = client.ready().await.unwrap();
-            for _ in 0..streams {
-                let request = http::Request::post(format!(
-                    "{}/stanch.v1.RouteWatch/WatchRoutes",
-                    server.base
-                ))
-                .header("content-type", "application/grpc")
-                .header("te", "trailers")
-                .header("authorization", "Bearer rd")
-                .body(())
-                .unwrap();
-                client = client.ready().await.unwrap();
-                let (response, mut body) = client.send_request(request, false).unwrap();
-                use stanch_api::proto::v1;
-                let hello = v1::WatchRequest {
-                    kind: Some(v1::watch_request::Kind::Hello(v1::Hello {
-                        gateway_id: "gw-partial".into(),
-                        ..Default::default()
-                    })),
-                };
-                // Then 65,530 bytes of a message declared as 65,535.
-                let mut frame = stanch_api::proto::grpc_frame(&hello);
-                frame.extend_from_slice(&[0, 0, 0, 0xff, 0xff]);
-                frame.extend(std::iter::repeat_n(0x0a, 65_530));
-                body.reserve_capacity(frame.len());
-                body.send_data(frame.into(), false).unwrap();
-                answers.push(tokio::spawn(async move {
+    let ended = runtime().block_on(async {
+        let (watches, _held) = grpc_watches(&server, connections, streams, |n| {
+            // Then 65,530 bytes of a message declared as 65,535.
+            let mut frame = hello(n);
+            frame.extend_from_slice(&[0, 0, 0, 0xff, 0xff]);
+            frame.extend(std::iter::repeat_n(0x0a, 65_530));
+            frame
+        })
+        .await;
+        let answers: Vec<_> = watches
+            .into_iter()
+            .map(|(response, body)| {
+                tokio::spawn(async move {
                     let _body = body;
                     let mut answer = response.await.ok()?.into_body();
                     while let Some(chunk) = answer.data().await {
@@ -335,9 +369,9 @@ fn a_partial_message_flood_holds_a_bounded_share() {
                         let _ = answer.flow_control().release_capacity(chunk.len());
                     }
                     answer.trailers().await.ok().flatten()
-                }));
-            }
-        }
+                })
+            })
+            .collect();
         let mut ended = 0;
         for answer in answers {
             let trailers = tokio::time::timeout(Duration::from_secs(20), answer)
@@ -361,6 +395,56 @@ fn a_partial_message_flood_holds_a_bounded_share() {
         connections * streams,
         "every stream ends with a status"
     );
+    assert!(rss < 128.0, "peak RSS {rss:.0} MiB");
+}
+
+/// One holder of the read token opening gRPC watches without end, a hundred to a
+/// connection: it gets `watch.max_watchers` of them and no more (UNAVAILABLE past it),
+/// each at a bounded cost.
+#[test]
+fn a_watch_flood_stops_at_max_watchers() {
+    use std::time::Duration;
+    stanch_server::net::raise_open_file_limit();
+    let data = tempfile::tempdir().unwrap();
+    let config = config_file(data.path(), "watch:\n  max_watchers: 2000\n");
+    let server = Server::start(&data.path().join("data"), &["--config", &config], "http");
+    let idle = peak_rss_mib(server.child.id());
+    // Kept until the end: the watches' connections run on it.
+    let clients = runtime();
+    let (held, refused, _keep) = clients.block_on(async {
+        let (watches, connections) = grpc_watches(&server, 21, 100, hello).await;
+        let (mut held, mut refused, mut keep) = (0, 0, Vec::new());
+        for (response, body) in watches {
+            let response = tokio::time::timeout(Duration::from_secs(20), response)
+                .await
+                .expect("an answer")
+                .unwrap();
+            // Past the limit, a trailers-only answer: the status in the headers.
+            if let Some(status) = response.headers().get("grpc-status") {
+                assert_eq!(status, "14", "UNAVAILABLE");
+                refused += 1;
+                continue;
+            }
+            let mut answer = response.into_body();
+            let table = tokio::time::timeout(Duration::from_secs(20), answer.data())
+                .await
+                .expect("the table")
+                .expect("a message")
+                .unwrap();
+            let _ = answer.flow_control().release_capacity(table.len());
+            held += 1;
+            keep.push((answer, body));
+        }
+        (held, refused, (keep, connections))
+    });
+    let rss = peak_rss_mib(server.child.id());
+    let each = (rss - idle) * 1024.0 / f64::from(held);
+    eprintln!(
+        "gRPC watches: {held} held, {refused} refused; peak RSS {rss:.0} MiB ({each:.0} KiB a watch)"
+    );
+    assert_eq!((held, refused), (2_000, 100));
+    let metrics = metrics_from_elsewhere(&server);
+    assert_eq!(metric(&metrics, "stanch_watchers{kind=\"grpc\"}"), 2_000.0);
     assert!(rss < 128.0, "peak RSS {rss:.0} MiB");
 }
 

@@ -1,0 +1,62 @@
+//! TLS: the one cryptography provider, certificates from PEM files, the acceptor.
+
+use std::sync::Arc;
+
+use tokio_rustls::TlsAcceptor;
+
+/// The cryptography of every TLS connection stanch accepts or makes: *ring*'s, for TLS
+/// 1.3 and 1.2 with X25519, P-256 and P-384 key exchange. rustls deprecates *ring*'s
+/// provider because it has no post-quantum key exchange (X25519MLKEM768); aws-lc-rs's
+/// has, and costs every build a C library with its own build system. A route table is
+/// not secret for long and a token can be rotated, so *ring* stays, in this one place
+/// (docs/operations.md, "TLS").
+#[expect(
+    deprecated,
+    reason = "ring's provider, chosen over aws-lc-rs's: no post-quantum key exchange"
+)]
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The certificates of a PEM file; an error names the file, and a file without any
+/// certificate is one.
+pub fn certificates(
+    path: &std::path::Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", path.display()));
+    }
+    Ok(certs)
+}
+
+/// Loads a PEM certificate chain and private key into a TLS acceptor that offers
+/// HTTP/1.1 by ALPN, and `h2` before it when `http2` (the listener's
+/// [`ConnLimits::http2`](crate::ConnLimits::http2)).
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    http2: bool,
+) -> Result<TlsAcceptor, String> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+    let certs = certificates(cert)?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("certificate and key do not fit: {e}"))?;
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}

@@ -3,8 +3,8 @@
 //! so each module reads knowing only those below it, and a change to one cannot come
 //! back to it through the others. Read from the sources: every `crate::<module>` path
 //! outside a `#[cfg(test)]` module. The crate root (`lib.rs`) is the one exception, and
-//! is left out as a user: it declares the modules, hands some of their names on, and
-//! starts the server over them, while its `Gateway` is what every module serves with.
+//! is left out as a user: it declares the modules and hands some of their names on
+//! (`Gateway`, which `gateway` holds and every module serves with, among them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -2,9 +2,10 @@
 //! them runs one way (front, admit, serving, stream, attempt, route, respond, request),
 //! so each module reads knowing only those below it, and a change to one cannot come
 //! back to it through the others. Read from the sources: every `crate::<module>` path
-//! outside a `#[cfg(test)]` module. The crate root (`lib.rs`) is the one exception, and
-//! is left out as a user: it declares the modules and hands some of their names on
-//! (`Gateway`, which `gateway` holds and every module serves with, among them).
+//! outside a `#[cfg(test)]` module and the `tests.rs` files that hold some. The crate
+//! root (`lib.rs`) is the one exception, and is left out as a user: it declares the
+//! modules and hands some of their names on (`Gateway`, which `gateway` holds and every
+//! module serves with, among them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -77,6 +78,9 @@ fn collect(src: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
         let path = entry.unwrap().path();
         if path.is_dir() {
             collect(src, &path, out);
+        } else if path.file_name().is_some_and(|n| n == "tests.rs") {
+            // A module's tests in a file of their own (`#[cfg(test)] mod tests;`) are
+            // test code, as an inline `#[cfg(test)]` module is.
         } else if path.extension().is_some_and(|e| e == "rs") {
             let relative = path.strip_prefix(src).unwrap();
             let first = relative.components().next().unwrap().as_os_str();

@@ -22,6 +22,18 @@ fn peak_rss_mib(pid: u32) -> f64 {
     kib / 1024.0
 }
 
+/// The controller as shipped: the default log level, `info`, written out to `log`
+/// (appended to, so that a restart adds its lines), with `extra` arguments and its
+/// data under `dir`.
+fn as_shipped(dir: &Path, extra: &[&str], log: &Path) -> Server {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Server::start_with(dir, extra, "http", "info", log, ["adm", "ing", "rd"])
+}
+
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .expect("data dir")
@@ -57,9 +69,7 @@ fn a_report_flood_at_the_api_maximum_stays_within_bounds() {
     let data = tempfile::tempdir().unwrap();
     // As shipped: the default log level, written out.
     let log_path = data.path().join("stanch.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut server =
-        Server::start_with(data.path(), &[], "http", "info", log, ["adm", "ing", "rd"]);
+    let mut server = as_shipped(data.path(), &[], &log_path);
     let http = client();
     let rounds = 30;
     let mut refused = 0u64;
@@ -120,7 +130,7 @@ fn a_report_flood_at_the_api_maximum_stays_within_bounds() {
     // A restart after the flood, from a kill: it replays within the same bounds.
     server.child.kill().unwrap();
     server.child.wait().unwrap();
-    let server = Server::start(data.path(), &[], "http");
+    let server = as_shipped(data.path(), &[], &log_path);
     let replayed: Value = server.routes();
     assert_eq!(replayed["blocked"].as_array().unwrap().len(), 1_000);
     let rss = peak_rss_mib(server.child.id());
@@ -183,15 +193,7 @@ fn a_connection_and_watch_flood_holds_a_bounded_share() {
     let data = tempfile::tempdir().unwrap();
     let config = config_file(data.path(), "connections:\n  http2_idle_timeout: 3s\n");
     let log_path = data.path().join("stanch.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let server = Server::start_with(
-        &data.path().join("data"),
-        &["--config", &config],
-        "http",
-        "info",
-        log,
-        ["adm", "ing", "rd"],
-    );
+    let server = as_shipped(&data.path().join("data"), &["--config", &config], &log_path);
     let addr: std::net::SocketAddr = server.base.trim_start_matches("http://").parse().unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -346,7 +348,8 @@ fn a_partial_message_flood_holds_a_bounded_share() {
     stanch_server::net::raise_open_file_limit();
     let data = tempfile::tempdir().unwrap();
     let config = config_file(data.path(), "watch:\n  slow_client_timeout: 3s\n");
-    let server = Server::start(&data.path().join("data"), &["--config", &config], "http");
+    let log_path = data.path().join("stanch.log");
+    let server = as_shipped(&data.path().join("data"), &["--config", &config], &log_path);
     let (connections, streams) = (40, 100);
     let started = tokio::time::Instant::now();
     let ended = runtime().block_on(async {
@@ -407,7 +410,8 @@ fn a_watch_flood_stops_at_max_watchers() {
     stanch_server::net::raise_open_file_limit();
     let data = tempfile::tempdir().unwrap();
     let config = config_file(data.path(), "watch:\n  max_watchers: 2000\n");
-    let server = Server::start(&data.path().join("data"), &["--config", &config], "http");
+    let log_path = data.path().join("stanch.log");
+    let server = as_shipped(&data.path().join("data"), &["--config", &config], &log_path);
     let idle = peak_rss_mib(server.child.id());
     // Kept until the end: the watches' connections run on it.
     let clients = runtime();
@@ -457,9 +461,8 @@ fn a_watch_flood_stops_at_max_watchers() {
 fn an_alert_flood_at_the_api_maximum_stays_within_bounds() {
     let data = tempfile::tempdir().unwrap();
     let log_path = data.path().join("stanch.log");
-    let log = std::fs::File::create(&log_path).unwrap();
     let dir = data.path().join("data");
-    let mut server = Server::start_with(&dir, &[], "http", "info", log, ["adm", "ing", "rd"]);
+    let mut server = as_shipped(&dir, &[], &log_path);
     let http = client();
     let alert = |n: usize| {
         let mut labels = serde_json::Map::new();
@@ -523,7 +526,7 @@ fn an_alert_flood_at_the_api_maximum_stays_within_bounds() {
 
     server.child.kill().unwrap();
     server.child.wait().unwrap();
-    let server = Server::start(&dir, &[], "http");
+    let server = as_shipped(&dir, &[], &log_path);
     let again = metric(&server.metrics(), "stanch_alerts_active");
     let rss = peak_rss_mib(server.child.id());
     eprintln!("restarted: {again} alerts active, peak RSS {rss:.0} MiB");

@@ -21,6 +21,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use tracing::warn;
 
 use crate::ConnLimits;
+use crate::throttle::Throttled;
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,15 +50,12 @@ impl Refused {
 pub struct Connections {
     limits: ConnLimits,
     open: AtomicUsize,
-    /// Open connections per source; a source leaves when its last one closes.
+    /// Open connections per source, while `max_per_source` limits them; a source
+    /// leaves when its last one closes.
     sources: Mutex<HashMap<IpAddr, usize>>,
     refused: [AtomicU64; 2],
-    /// When a refusal was last logged.
-    warned: Mutex<Option<Instant>>,
+    warning: Mutex<Throttled>,
 }
-
-/// How often refusals are logged at most.
-const WARN_EVERY: Duration = Duration::from_secs(60);
 
 impl Connections {
     /// A listener's, under `limits`.
@@ -67,7 +65,7 @@ impl Connections {
             open: AtomicUsize::new(0),
             sources: Mutex::new(HashMap::new()),
             refused: [AtomicU64::new(0), AtomicU64::new(0)],
-            warned: Mutex::new(None),
+            warning: Mutex::new(Throttled::every(Duration::from_secs(60))),
         })
     }
 
@@ -89,46 +87,56 @@ impl Connections {
     /// A place for a connection from `source`, or why there is none (counted, and
     /// logged at most once a minute).
     pub(crate) fn admit(self: &Arc<Self>, source: IpAddr) -> Result<Slot, Refused> {
-        let refused = self.try_admit(source);
-        if let Err(why) = refused {
-            let total = self.refused[why as usize].fetch_add(1, Ordering::Relaxed) + 1;
-            self.warn(why, total);
+        let admitted = self.try_admit(source);
+        if let Err(why) = admitted {
+            self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
+            self.warn(why);
         }
-        refused
+        admitted
     }
 
     fn try_admit(self: &Arc<Self>, source: IpAddr) -> Result<Slot, Refused> {
-        // Under the lock, so that two connections cannot both take the last place.
-        let mut sources = self.sources.lock().expect("connections lock");
-        if self.open.load(Ordering::Relaxed) >= self.limits.max_connections {
-            return Err(Refused::Max);
+        let max = self.limits.max_connections;
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| Refused::Max)?;
+        // Without a limit per source (the gateway's callers), no map is kept.
+        let per_source = self.limits.max_per_source != usize::MAX;
+        if per_source {
+            let mut sources = self.sources.lock().expect("connections lock");
+            let from_source = sources.entry(source).or_insert(0);
+            if *from_source >= self.limits.max_per_source {
+                self.open.fetch_sub(1, Ordering::AcqRel);
+                return Err(Refused::PerSource);
+            }
+            *from_source += 1;
         }
-        let from_source = sources.entry(source).or_insert(0);
-        if *from_source >= self.limits.max_per_source {
-            return Err(Refused::PerSource);
-        }
-        *from_source += 1;
-        self.open.fetch_add(1, Ordering::Relaxed);
         Ok(Slot {
             conns: self.clone(),
-            source,
+            source: per_source.then_some(source),
         })
     }
 
-    fn warn(&self, why: Refused, total: u64) {
-        let now = Instant::now();
-        let mut warned = self.warned.lock().expect("connections lock");
-        if warned.is_some_and(|at| now.duration_since(at) < WARN_EVERY) {
+    fn warn(&self, why: Refused) {
+        let Some(held_back) = self
+            .warning
+            .lock()
+            .expect("connections lock")
+            .ready(Instant::now())
+        else {
             return;
-        }
-        *warned = Some(now);
+        };
         let (limit, setting) = match why {
             Refused::Max => (self.limits.max_connections, "max_connections"),
             Refused::PerSource => (self.limits.max_per_source, "max_per_source"),
         };
         warn!(
             limit,
-            refused = total,
+            refused_max = self.refused(Refused::Max),
+            refused_per_source = self.refused(Refused::PerSource),
+            held_back,
             "connections refused: {setting} reached (logged once a minute at most)"
         );
     }
@@ -174,19 +182,22 @@ impl Collector for Observed {
 #[derive(Debug)]
 pub(crate) struct Slot {
     conns: Arc<Connections>,
-    source: IpAddr,
+    /// Its source, where sources are counted.
+    source: Option<IpAddr>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut sources = self.conns.sources.lock().expect("connections lock");
-        if let Some(n) = sources.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                sources.remove(&self.source);
+        if let Some(source) = self.source {
+            let mut sources = self.conns.sources.lock().expect("connections lock");
+            if let Some(n) = sources.get_mut(&source) {
+                *n -= 1;
+                if *n == 0 {
+                    sources.remove(&source);
+                }
             }
         }
-        self.conns.open.fetch_sub(1, Ordering::Relaxed);
+        self.conns.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -230,11 +241,29 @@ mod tests {
 
     #[test]
     fn a_source_is_forgotten_with_its_last_connection() {
-        let conns = Connections::new(ConnLimits::default());
+        let conns = Connections::new(ConnLimits {
+            max_per_source: 100,
+            ..ConnLimits::default()
+        });
         let slots: Vec<_> = (0..50).map(|i| conns.admit(ip(i)).unwrap()).collect();
         assert_eq!(conns.sources.lock().unwrap().len(), 50);
         drop(slots);
         assert!(conns.sources.lock().unwrap().is_empty());
         assert_eq!(conns.open(), 0);
+    }
+
+    /// Without a limit per source (the gateway's), sources are not counted at all.
+    #[test]
+    fn without_a_limit_per_source_none_is_kept() {
+        let conns = Connections::new(ConnLimits {
+            max_connections: 3,
+            ..ConnLimits::default()
+        });
+        let slots: Vec<_> = (0..3).map(|_| conns.admit(ip(1)).unwrap()).collect();
+        assert!(conns.sources.lock().unwrap().is_empty());
+        assert_eq!(conns.admit(ip(2)).unwrap_err(), Refused::Max);
+        drop(slots);
+        assert_eq!(conns.open(), 0);
+        assert!(conns.admit(ip(1)).is_ok());
     }
 }

@@ -23,6 +23,7 @@ mod idle;
 pub mod linger;
 mod listen;
 mod process;
+pub mod throttle;
 pub mod timer;
 mod tls;
 mod workers;

@@ -116,7 +116,9 @@ impl AsyncWrite for Socket {
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        self.stream
+            .as_ref()
+            .is_some_and(TcpStream::is_write_vectored)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -15,6 +15,7 @@ use stanch_api::Timestamp;
 use stanch_api::status::AlertSummary;
 use stanch_core::engine::ReportRefusals;
 use stanch_core::{Config, Decision, Engine, Input};
+use stanch_net::throttle::Throttled;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -169,39 +170,6 @@ pub struct EngineTask {
     reports_refused_said: Throttled,
     /// The warning that the block limit refused blocks, said at most once a minute.
     block_limit_said: Throttled,
-}
-
-/// A warning said at most once per interval, however often its cause recurs: a flood
-/// is one log line a minute, with how many it stands for.
-#[derive(Debug)]
-struct Throttled {
-    every: Duration,
-    last: Option<Instant>,
-    held: u64,
-}
-
-impl Throttled {
-    fn every(every: Duration) -> Throttled {
-        Throttled {
-            every,
-            last: None,
-            held: 0,
-        }
-    }
-
-    /// `Some(times held back since it was last said)` when it may be said at `now`.
-    fn ready(&mut self, now: Instant) -> Option<u64> {
-        match self.last {
-            Some(last) if now.duration_since(last) < self.every => {
-                self.held += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.held))
-            }
-        }
-    }
 }
 
 /// Where a follower's engine stands in the leader's history.

@@ -162,6 +162,9 @@ pub struct Engine {
     /// The endpoints the configuration lists per model, for admitting reports.
     topology: fleet::Topology,
     state: EngineState,
+    /// The bytes the active alerts hold (`IncomingAlert::held_bytes`), counted when
+    /// the engine is made and kept where alerts are added, replaced and removed.
+    alert_bytes: usize,
     overflow: Overflow,
 }
 
@@ -175,9 +178,6 @@ struct Overflow {
     /// Set once a search for an unmapped alert to drop found none, so that the rest
     /// of a full step need not search again; cleared when one is taken in.
     none_unmapped: bool,
-    /// The bytes the active alerts hold (`IncomingAlert::held_bytes`): counted when
-    /// a step first takes in a new or grown alert, kept as the step adds and removes.
-    held: Option<usize>,
 }
 
 /// How the alert limit treated an alert.
@@ -273,7 +273,6 @@ impl Overflow {
     /// The step's decisions, and a clean slate for the next step.
     fn take(&mut self) -> Vec<Decision> {
         self.none_unmapped = false;
-        self.held = None;
         std::mem::take(&mut self.limits)
     }
 }
@@ -319,11 +318,13 @@ impl Engine {
                 until: None,
             });
         }
+        let alert_bytes = state.alerts.values().map(|r| r.alert.held_bytes()).sum();
         Engine {
             topology: fleet::Topology::of(&config),
             config,
             mapper,
             state,
+            alert_bytes,
             overflow: Overflow::default(),
         }
     }
@@ -623,10 +624,10 @@ impl Engine {
                     Ok(c) => (Some(c), None),
                     Err(u) => (None, Some(u.0)),
                 };
-                let grows = self.state.alerts.get(&fp).map_or(0, |r| {
-                    alert.held_bytes().saturating_sub(r.alert.held_bytes())
-                });
-                if grows > 0 && self.held_bytes() + grows > self.config.alerts.max_bytes {
+                let bytes = alert.held_bytes();
+                let held_before = self.state.alerts.get(&fp).map(|r| r.alert.held_bytes());
+                let grows = held_before.map_or(0, |was| bytes.saturating_sub(was));
+                if grows > 0 && self.alert_bytes + grows > self.config.alerts.max_bytes {
                     // A refresh that would pass alerts.max_bytes: still firing, so
                     // still held, with its last content.
                     if let Some(record) = self.state.alerts.get_mut(&fp) {
@@ -639,9 +640,7 @@ impl Engine {
                         let meaning_changed = record.condition != condition;
                         // A refresh: keep the earliest start, take the newest end.
                         alert.starts_at = alert.starts_at.min(record.alert.starts_at);
-                        if let Some(held) = &mut self.overflow.held {
-                            *held = *held + alert.held_bytes() - record.alert.held_bytes();
-                        }
+                        self.alert_bytes = self.alert_bytes + bytes - held_before.unwrap_or(0);
                         record.alert = alert;
                         record.received_at = now;
                         if meaning_changed {
@@ -657,7 +656,7 @@ impl Engine {
                         }
                     }
                     None => {
-                        if !self.make_room(&alert, condition.is_some()) {
+                        if !self.make_room(&alert, bytes, condition.is_some()) {
                             // Its tombstone, if any, stays: a late duplicate of an
                             // earlier firing is still recognised.
                             return self.refuse(&alert);
@@ -667,9 +666,7 @@ impl Engine {
                             // One to drop, should the engine fill up again this step.
                             self.overflow.none_unmapped = false;
                         }
-                        if let Some(held) = &mut self.overflow.held {
-                            *held += alert.held_bytes();
-                        }
+                        self.alert_bytes += bytes;
                         let record = AlertRecord {
                             alert,
                             condition: condition.clone(),
@@ -731,27 +728,18 @@ impl Engine {
         );
     }
 
-    /// The bytes the active alerts hold (counted once a step, then kept).
-    fn held_bytes(&mut self) -> usize {
-        let alerts = &self.state.alerts;
-        *self
-            .overflow
-            .held
-            .get_or_insert_with(|| alerts.values().map(|r| r.alert.held_bytes()).sum())
-    }
-
-    /// Whether `alert`, new, fits within `alerts.max_active` and `alerts.max_bytes`,
+    /// Whether `alert`, new and holding `needs` bytes, fits within `alerts.max_active`
+    /// and `alerts.max_bytes`,
     /// making room if it must: only an alert that maps to a condition may take a
     /// place, that of the unmapped alerts refreshed longest ago (unmapped alerts change
     /// nothing in the table; they are kept to be shown). A scan of the active alerts
     /// for each unmapped one dropped: such arrivals are few (a notification is at most
     /// `intake.max_body_bytes`), and once none is left to drop the step stops looking.
-    fn make_room(&mut self, alert: &IncomingAlert, mapped: bool) -> bool {
+    fn make_room(&mut self, alert: &IncomingAlert, needs: usize, mapped: bool) -> bool {
         let (max_active, max_bytes) = (self.config.alerts.max_active, self.config.alerts.max_bytes);
-        let needs = alert.held_bytes();
         loop {
             let fits =
-                self.state.alerts.len() < max_active && self.held_bytes() + needs <= max_bytes;
+                self.state.alerts.len() < max_active && self.alert_bytes + needs <= max_bytes;
             if fits {
                 return true;
             }
@@ -769,9 +757,7 @@ impl Engine {
                 self.overflow.none_unmapped = true;
                 return false;
             };
-            if let Some(held) = &mut self.overflow.held {
-                *held -= record.alert.held_bytes();
-            }
+            self.alert_bytes -= record.alert.held_bytes();
             self.overflow.record(
                 alert.source,
                 &self.config.alerts,
@@ -789,9 +775,7 @@ impl Engine {
         out: &mut Vec<Decision>,
     ) {
         if let Some(record) = self.state.alerts.remove(&fp) {
-            if let Some(held) = &mut self.overflow.held {
-                *held -= record.alert.held_bytes();
-            }
+            self.alert_bytes -= record.alert.held_bytes();
             self.state.tombstones.insert(
                 fp,
                 Tombstone {

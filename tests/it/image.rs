@@ -443,12 +443,17 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
 
     // The gateway, watching the controller (at its loopback port here).
     let mut gateway = pod_of(&objects, "stanch-gateway");
-    let gport = crate::e2e::port();
+    let (gport, sport) = (crate::e2e::port(), crate::e2e::port());
+    let mut status_apart = false;
     for a in &mut gateway.args {
         if a.starts_with("--listen=") {
             *a = format!("--listen=127.0.0.1:{gport}");
+        } else if a.starts_with("--status-listen=") {
+            *a = format!("--status-listen=127.0.0.1:{sport}");
+            status_apart = true;
         }
     }
+    assert!(status_apart, "the chart serves the gateway's status apart");
     for (at, content) in &mut gateway.files {
         if at.ends_with("gateway.yaml") {
             *content = content.replace("http://stanch.monitoring.svc:9797", &base_url);
@@ -474,6 +479,12 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
     let (uid, read_only, _) = process_facts(&g);
     assert_eq!(uid, "65532");
     assert!(read_only);
+    // The status and the metrics on their own port, not on the callers'.
+    let sbase = format!("http://127.0.0.1:{sport}");
+    for path in ["/metrics", "/v1/status"] {
+        assert_eq!(get(&format!("{sbase}{path}"), None), Some(200), "{path}");
+        assert_eq!(get(&format!("{gbase}{path}"), None), Some(404), "{path}");
+    }
     // It watches the controller with the read token: the controller counts it.
     eventually(Duration::from_secs(20), "the gateway watching", || {
         let status: Value = reqwest::blocking::Client::builder()

@@ -8,10 +8,11 @@ export STANCH_TEST_PYTHON="$PWD/target/test-venv/bin/python"
 # The alerting rules: syntax, and their unit tests.
 promtool check rules rules/stanch.rules.yml
 promtool test rules rules/tests/*.test.yml
-cargo test --workspace --locked "$@"
+# With the demo linked, so that `stanch demo` is tested too.
+cargo test --workspace --locked --features stanch/demo "$@"
 # What needs root (mounting a tmpfs): ignored by cargo test, run here when root.
 if [ "$(id -u)" = 0 ]; then
-    cargo test --locked -p stanch --test it -- --ignored --exact \
+    cargo test --locked -p stanch --features demo --test it -- --ignored --exact \
         drill::a_full_filesystem_loses_nothing_acknowledged
 else
     echo "not root: drill::a_full_filesystem_loses_nothing_acknowledged stays ignored"

@@ -1,8 +1,5 @@
 //! The `stanch` binary: arguments, logging, wiring. Behaviour lives in the crates.
 
-mod ctl;
-mod demo;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use stanch_ports::clock::SystemClock;
 use stanch_server::auth::Tokens;
-use stanch_server::clock::SystemClock;
 use stanch_server::config::{ConfigFile, ServerConfig};
 use stanch_server::net::ConnLimits;
 use stanch_server::{Controller, Settings, Storage};
@@ -38,8 +35,9 @@ enum Cmd {
         file: PathBuf,
     },
     /// Inspect and override a running controller.
-    Ctl(ctl::CtlArgs),
-    /// Watch stanch heal a simulated outage: everything in one process, on loopback.
+    Ctl(stanch_ctl::CtlArgs),
+    /// Watch stanch heal a simulated outage: everything in one process, on loopback
+    /// (in a build with `--features demo`).
     Demo {
         /// How long to run (the script needs about 70 s).
         #[arg(long, default_value_t = 75)]
@@ -140,31 +138,43 @@ fn main() -> ExitCode {
     match cli.command {
         Cmd::CheckConfig { file } => check_config(&file),
         Cmd::Serve(args) => serve(args),
-        Cmd::Ctl(args) => ctl::run(args),
+        Cmd::Ctl(args) => stanch_ctl::run(args),
         Cmd::Crdgen { out } => crdgen(out.as_deref()),
         Cmd::Demo {
             seconds,
             simulate_alerts,
-        } => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(demo::run(seconds, simulate_alerts)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("demo: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        } => demo(seconds, simulate_alerts),
+    }
+}
+
+#[cfg(feature = "demo")]
+fn demo(seconds: u64, simulate_alerts: bool) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(stanch_demo::run(seconds, simulate_alerts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("demo: {e:#}");
+            ExitCode::FAILURE
         }
     }
+}
+
+#[cfg(not(feature = "demo"))]
+fn demo(_seconds: u64, _simulate_alerts: bool) -> ExitCode {
+    eprintln!(
+        "demo: this stanch was built without the demo, which links the gateway and mock model \
+         servers: run `cargo run --release --features demo -- demo`"
+    );
+    ExitCode::FAILURE
 }
 
 fn load_config(path: Option<&Path>) -> Result<ConfigFile, String> {
@@ -301,7 +311,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         alertmanager_token: am_token,
         limits: ConnLimits::default(),
         // One process, without a cluster: it decides.
-        leadership: stanch_server::leadership::Leadership::single(),
+        leadership: stanch_ports::leadership::Leadership::single(),
     };
     let runtime = if args.worker_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -393,8 +403,8 @@ async fn cluster_store(
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
     let namespace = namespace.map_or_else(|| client.default_namespace().to_owned(), str::to_owned);
     let identity = replica_identity();
-    let clock: Arc<dyn stanch_server::clock::Clock> = Arc::new(SystemClock);
-    let leadership = stanch_server::leadership::Leadership::following(None);
+    let clock: Arc<dyn stanch_ports::clock::Clock> = Arc::new(SystemClock);
+    let leadership = stanch_ports::leadership::Leadership::following(None);
     let election = stanch_kube::election::Election::new(
         kube::Api::namespaced(client.clone(), &namespace),
         &options.lease,

@@ -974,7 +974,7 @@ fn the_role_grants_exactly_what_the_controller_uses() {
     use std::time::Duration;
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let api = runtime.block_on(stanch_kube::fake::FakeApiServer::start());
+    let api = runtime.block_on(stanch_fake_apiserver::FakeApiServer::start());
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = kubeconfig(dir.path(), &api);
     runtime.block_on(async {
@@ -999,7 +999,7 @@ fn the_role_grants_exactly_what_the_controller_uses() {
         "--config",
         config.to_str().unwrap(),
     ];
-    let state = |api: &stanch_kube::fake::FakeApiServer| api.names("api/v1", "configmaps", NS);
+    let state = |api: &stanch_fake_apiserver::FakeApiServer| api.names("api/v1", "configmaps", NS);
     let until_exit = |replica: &mut Replica| {
         replica.signal("-TERM");
         eventually(Duration::from_secs(20), "the replica exits", || {

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
-use stanch_server::clock::SystemClock;
+use stanch_ports::clock::SystemClock;
 use tokio::time::Instant;
 
 const INGEST: &str = "e2e-ingest";
@@ -93,7 +93,7 @@ struct Timeline {
 
 impl Timeline {
     fn new() -> Timeline {
-        use stanch_server::clock::Clock;
+        use stanch_ports::clock::Clock;
         Timeline {
             start: Instant::now(),
             wall: SystemClock.now(),
@@ -931,7 +931,7 @@ async fn a_fault_that_returns_after_every_recovery_pins_the_model() {
 #[ignore = "a benchmark: prints numbers"]
 async fn time_to_heal() {
     use stanch_api::Timestamp;
-    use stanch_server::clock::Clock;
+    use stanch_ports::clock::Clock;
     // 1 s scrapes: a 3 s rate window holds 3 to 4 samples, as the rules' 1m window does at
     // a 15 s scrape interval.
     let zero_for = with_every_for_at_zero(&fast_rules().replace("[5s]", "[3s]"));

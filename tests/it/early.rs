@@ -262,7 +262,7 @@ fn the_gateways_early_answers_arrive_every_time() {
                 max_body_bytes: 1048576\n";
     let config = stanch_gateway::config::GatewayConfig::from_yaml(yaml).unwrap();
     let gateway =
-        stanch_gateway::Gateway::new(config, None, Arc::new(stanch_server::clock::SystemClock))
+        stanch_gateway::Gateway::new(config, None, Arc::new(stanch_ports::clock::SystemClock))
             .unwrap();
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

@@ -322,8 +322,8 @@ async fn grpc_watches(
 
 /// A gateway's Hello, as gRPC frames it.
 fn hello(n: usize) -> Vec<u8> {
-    use stanch_api::proto::v1;
-    stanch_api::proto::grpc_frame(&v1::WatchRequest {
+    use stanch_proto::v1;
+    stanch_proto::grpc_frame(&v1::WatchRequest {
         kind: Some(v1::watch_request::Kind::Hello(v1::Hello {
             gateway_id: format!("gw-{n:05}"),
             ..Default::default()

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use stanch_kube::fake::FakeApiServer;
+use stanch_fake_apiserver::FakeApiServer;
 use tokio::time::Instant;
 
 use crate::process::client;

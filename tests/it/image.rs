@@ -401,7 +401,7 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
         .clone();
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let api = runtime.block_on(stanch_kube::fake::FakeApiServer::start());
+    let api = runtime.block_on(stanch_fake_apiserver::FakeApiServer::start());
     let kubeconfig = work.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig, crate::chart::NS).unwrap();
     ok("chmod", &["0444", kubeconfig.to_str().unwrap()]);

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
+use stanch_fake_apiserver::FakeApiServer;
 use stanch_kube::crd::StanchPolicy;
-use stanch_kube::fake::FakeApiServer;
 
 fn policy(name: &str, model: &str) -> StanchPolicy {
     StanchPolicy::new(

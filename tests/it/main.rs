@@ -2,6 +2,7 @@
 
 mod chart;
 mod cli;
+mod deps;
 mod drill;
 mod e2e;
 mod early;

@@ -582,6 +582,10 @@ fn demo(args: &[&str]) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "demo"),
+    ignore = "needs `--features demo` (scripts/test.sh builds it)"
+)]
 fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
     let text = demo(&["--seconds", "9", "--simulate-alerts"]);
     assert!(
@@ -602,6 +606,10 @@ fn the_demo_heals_a_datacenter_failure_and_cleans_up() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "demo"),
+    ignore = "needs `--features demo` (scripts/test.sh builds it)"
+)]
 fn the_demo_uses_real_prometheus_and_alertmanager_when_installed() {
     let text = demo(&["--seconds", "22"]);
     assert!(

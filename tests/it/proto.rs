@@ -1,7 +1,7 @@
 //! The gRPC schema against buf, the tool most teams check protobuf with: its lint rules
 //! (`proto/buf.yaml`), and no break of the binary encoding or of protobuf's JSON mapping
 //! since the first published schema, frozen as a descriptor set in
-//! `crates/stanch-api/tests/wire/watch.v1.binpb`.
+//! `crates/stanch-proto/tests/wire/watch.v1.binpb`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -11,7 +11,7 @@ use crate::chart::text;
 const PROTO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proto");
 const FIRST: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/crates/stanch-api/tests/wire/watch.v1.binpb"
+    "/crates/stanch-proto/tests/wire/watch.v1.binpb"
 );
 
 /// buf, from the npm package `scripts/install-test-deps.sh` installs.

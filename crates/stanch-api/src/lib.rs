@@ -4,7 +4,9 @@
 //! gateways apply, the watch headers, the Alertmanager and Prometheus alert payloads
 //! stanch accepts, the admin request bodies and the status report. It owns their
 //! parsing and validation at the edge (so that bad input gets an error naming the
-//! offending field), and nothing else: no decisions, no IO.
+//! offending field), and nothing else: no decisions, no IO, no clock. The gRPC
+//! watch's protobuf is in `stanch-proto`, so that what builds on these types (the
+//! pure core) does not build the generated code.
 
 pub mod admin;
 pub mod alerts;
@@ -14,7 +16,6 @@ pub mod hash;
 pub mod headers;
 pub mod jitter;
 pub mod labels;
-pub mod proto;
 pub mod reports;
 pub mod routes;
 pub mod status;

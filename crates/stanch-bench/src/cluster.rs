@@ -1,5 +1,5 @@
 //! `stanch-bench cluster`: `stanch serve --store kubernetes` against the fake API
-//! server of stanch-kube, in this process: webhook → new version visible, and an
+//! server of stanch-fake-apiserver, in this process: webhook → new version visible, and an
 //! alert storm's API writes and webhook latency, beside the file store's.
 //!
 //! The fake API server answers from memory on loopback, so what is measured is
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use stanch_kube::fake::FakeApiServer;
+use stanch_fake_apiserver::FakeApiServer;
 use tokio::time::Instant;
 
 use crate::{percentile, show, toggling_webhook, webhook_latency};

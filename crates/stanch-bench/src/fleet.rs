@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
-use stanch_api::proto::v1::route_watch_client::RouteWatchClient;
-use stanch_api::proto::v1::{self, watch_request, watch_response};
+use stanch_proto::v1::route_watch_client::RouteWatchClient;
+use stanch_proto::v1::{self, watch_request, watch_response};
 use tokio::time::Instant;
 
 use crate::{RawConn, percentile, show, toggling_webhook};
@@ -245,7 +245,7 @@ struct TableHead {
 
 /// `message` as a gRPC message on the wire.
 fn grpc_frame(message: &impl prost::Message) -> bytes::Bytes {
-    stanch_api::proto::grpc_frame(message).into()
+    stanch_proto::grpc_frame(message).into()
 }
 
 /// One lean gRPC watcher, on h2 itself: Hello with what it holds, an Ack for every

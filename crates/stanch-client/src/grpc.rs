@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use secrecy::ExposeSecret;
 use stanch_api::RouteTable;
-use stanch_api::proto::v1::route_watch_client::RouteWatchClient;
-use stanch_api::proto::v1::{self, watch_request, watch_response};
+use stanch_proto::v1::route_watch_client::RouteWatchClient;
+use stanch_proto::v1::{self, watch_request, watch_response};
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use secrecy::SecretString;
 use stanch_api::RouteTable;
-use stanch_net::clock::Clock;
+use stanch_ports::clock::Clock;
 
 use crate::budget::RetryBudget;
 use crate::config::{GatewayConfig, is_glob, secret};

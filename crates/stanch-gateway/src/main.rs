@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use stanch_gateway::Gateway;
 use stanch_gateway::config::{GatewayConfig, secret};
-use stanch_net::clock::SystemClock;
+use stanch_ports::clock::SystemClock;
 
 /// The stanch reference gateway: OpenAI-compatible, applies stanch's route table.
 #[derive(Debug, Parser)]

@@ -3,7 +3,7 @@
 //!
 //! A reflector keeps every `StanchPolicy` the controller may see. On every change, the
 //! listed resources and the configuration file are merged ([`crate::merge`]); a
-//! policy that differs from the one in force is put in force ([`Controller::configure`],
+//! policy that differs from the one in force is put in force ([`Control::configure`],
 //! journaled like any input), and a resource newly refused gets a `SpecRefused` Event.
 //! On every change and every published version, each resource's status is written if
 //! it changed ([`crate::status::next`]), by server-side apply under field manager
@@ -26,9 +26,9 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use stanch_api::Timestamp;
 use stanch_core::Config;
-use stanch_server::Controller;
-use stanch_server::clock::Clock;
-use stanch_server::history::Recorded;
+use stanch_ports::clock::Clock;
+use stanch_ports::control::{Control, Publication};
+use stanch_ports::history::Recorded;
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 
@@ -165,7 +165,7 @@ impl Adapter {
     /// Runs until `shutdown`.
     pub async fn run(
         mut self,
-        controller: &Controller,
+        controller: &impl Control,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         let api: Api<StanchPolicy> = match &self.namespace {
@@ -176,7 +176,7 @@ impl Adapter {
         let mut changes = reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff()
             .boxed();
-        let mut versions = controller.subscribe();
+        let mut versions = controller.versions();
         let mut decisions = controller.decisions();
         let mut deciding = true;
         let mut files = self.files.take();
@@ -237,7 +237,7 @@ impl Adapter {
 
     /// Merges the listed resources over the file and puts the result in force if it
     /// changed; a resource newly refused gets an Event.
-    async fn apply(&mut self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
+    async fn apply(&mut self, controller: &impl Control, listed: &[Arc<StanchPolicy>]) {
         let resources: Vec<Listed> = listed.iter().map(|p| listing(p)).collect();
         let merged = merge(&self.file, &resources);
         if self.in_force.as_ref() != Some(&merged.config) {
@@ -271,7 +271,7 @@ impl Adapter {
     /// within the budget; on the leader only.
     async fn tell(
         &mut self,
-        controller: &Controller,
+        controller: &impl Control,
         listed: &[Arc<StanchPolicy>],
         batch: &Recorded,
     ) {
@@ -337,7 +337,7 @@ impl Adapter {
 
     /// Writes each resource's status where it changed, within the budget; what the
     /// budget puts off is written at the next second.
-    async fn write_statuses(&mut self, controller: &Controller, listed: &[Arc<StanchPolicy>]) {
+    async fn write_statuses(&mut self, controller: &impl Control, listed: &[Arc<StanchPolicy>]) {
         self.deferred = false;
         // Only the leader writes statuses; on taking charge it publishes, and writes
         // them then.
@@ -355,9 +355,9 @@ impl Adapter {
                 name: &p.spec.model,
                 generation: p.metadata.generation,
                 outcome,
-                route: published.table.models.get(&p.spec.model),
-                model: published.models.get(&p.spec.model),
-                blocked: &published.table.blocked,
+                route: published.table().models.get(&p.spec.model),
+                model: published.model_status(&p.spec.model),
+                blocked: &published.table().blocked,
                 now: self.clock.now(),
             };
             let Some(status) = next(p.status.as_ref(), &observed) else {

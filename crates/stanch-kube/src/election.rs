@@ -19,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
 use stanch_api::Timestamp;
-use stanch_server::clock::Clock;
-use stanch_server::leadership::{Leadership, Role};
+use stanch_ports::clock::Clock;
+use stanch_ports::leadership::{Leadership, Role};
 use tracing::{info, warn};
 
 use crate::lease::{Elector, Step};

@@ -15,8 +15,6 @@ pub mod adapter;
 pub mod crd;
 pub mod election;
 pub mod events;
-#[cfg(feature = "fake-apiserver")]
-pub mod fake;
 pub mod lease;
 pub mod merge;
 pub mod policy;

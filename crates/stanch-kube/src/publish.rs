@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 use stanch_api::RouteTable;
+use stanch_ports::control::{Control, Publication};
 
 use crate::crd::StanchRouteTable;
 #[cfg(doc)]
@@ -46,7 +47,7 @@ impl RouteTableWriter {
     }
 
     /// Writes the table of `epoch` and `version`, given as the JSON it was published
-    /// as (`Snapshot::json`), unless it is the one last written: the table (megabytes
+    /// as ([`Publication::table_json`]), unless it is the one last written: the table (megabytes
     /// with a large incident's alerts) is not cloned or serialized again.
     pub async fn write_rendered(
         &mut self,
@@ -110,18 +111,22 @@ pub const MIN_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_mi
 /// write is tried again at the next interval.
 pub async fn follow_published(
     mut writer: RouteTableWriter,
-    controller: &stanch_server::Controller,
+    controller: &impl Control,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let mut versions = controller.subscribe();
+    let mut versions = controller.versions();
     let mut leading = controller.leadership().subscribe();
     tokio::pin!(shutdown);
     loop {
         let mut failed = false;
         if controller.leadership().leads() {
             let published = controller.published();
-            let (epoch, version) = (&published.table.epoch, published.table.version);
-            if let Err(e) = writer.write_rendered(epoch, version, &published.json).await {
+            let table = published.table();
+            let (epoch, version) = (&table.epoch, table.version);
+            if let Err(e) = writer
+                .write_rendered(epoch, version, published.table_json())
+                .await
+            {
                 tracing::warn!(error = %e, "cannot write the route-table resource; trying again");
                 failed = true;
             }

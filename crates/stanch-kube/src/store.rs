@@ -49,7 +49,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use serde::{Deserialize, Serialize};
 use stanch_api::hash::Fnv64;
 use stanch_core::EngineState;
-use stanch_server::store::{Loaded, Record, StateStore, StoreError};
+use stanch_ports::store::{Loaded, Record, StateStore, StoreError};
 use tracing::{info, warn};
 
 use crate::shards::{self, MAX_SHARD_BYTES, Manifest};

@@ -1,5 +1,5 @@
-//! The IO the controller and the gateway share: the wall clock ([`clock`], the one
-//! place that reads it), reading request bodies ([`body`]), cheap deadlines ([`timer`]),
+//! The IO the controller and the gateway share: reading request bodies ([`body`]),
+//! cheap deadlines ([`timer`]),
 //! and the listener: plain or TLS, one task per
 //! connection, TCP_NODELAY, and limits that keep a misbehaving client from holding
 //! resources: a header read timeout (slowloris) and a write deadline (a client that
@@ -16,7 +16,6 @@
 //! one thread ([`serve_on`]), as nginx spreads connections over worker processes.
 pub mod admission;
 pub mod body;
-pub mod clock;
 mod drain;
 pub mod exposition;
 mod idle;

@@ -20,12 +20,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::clock::Clock;
 use crate::history::History;
-use crate::leadership::{Leadership, Role};
 use crate::metrics::{ActionLabel, KindLabel, ModelLabel, RejectLabels, TransitionLabels};
 use crate::publish::{Publisher, Snapshot};
-use crate::store::{Loaded, Record, StateStore, StoreError};
+use stanch_ports::clock::Clock;
+use stanch_ports::leadership::{Leadership, Role};
+use stanch_ports::store::{Loaded, Record, StateStore, StoreError};
 
 /// An error's causes, joined, for a log line.
 pub(crate) struct ErrorChain<'a>(pub &'a dyn std::error::Error);

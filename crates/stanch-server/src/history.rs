@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use stanch_api::Timestamp;
 use stanch_api::status::HistoryEntry;
 use stanch_core::Decision;
+use stanch_ports::history::Recorded;
 use tokio::sync::broadcast;
 
 /// How much of an existing file is read back at start.
@@ -20,15 +21,6 @@ const TAIL_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Batches of decisions kept for subscribers that fall behind.
 const SUBSCRIBER_BACKLOG: usize = 1024;
-
-/// Decisions made durable at one moment, as subscribers get them.
-#[derive(Debug, Clone)]
-pub struct Recorded {
-    /// When they were made.
-    pub at: Timestamp,
-    /// The decisions, in order (lease renewals left out).
-    pub decisions: Vec<Decision>,
-}
 
 /// The audit history, shared by the engine task (writer) and the API (readers).
 #[derive(Debug)]

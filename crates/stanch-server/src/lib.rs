@@ -7,13 +7,11 @@
 
 pub mod api;
 pub mod auth;
-pub mod clock;
 pub mod config;
 pub mod engine_task;
 pub mod error;
 pub mod gateways;
 pub mod history;
-pub mod leadership;
 pub mod metrics;
 /// The listener, shared with the gateway.
 pub use stanch_net as net;
@@ -33,15 +31,18 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::auth::Tokens;
-use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::engine_task::{EngineHandle, EngineTask, EngineUnavailable};
 use crate::history::History;
-use crate::leadership::Leadership;
 use crate::metrics::Metrics;
 use crate::net::{ConnLimits, Http2Limits};
 use crate::reconcile::Reconciler;
-use crate::store::{FileStore, MemoryStore, StateStore, StoreError};
+use crate::store::FileStore;
+use stanch_ports::clock::Clock;
+use stanch_ports::control::Control;
+use stanch_ports::history::Recorded;
+use stanch_ports::leadership::Leadership;
+use stanch_ports::store::{MemoryStore, StateStore, StoreError};
 
 /// How to run the controller.
 #[derive(Debug)]
@@ -309,7 +310,7 @@ impl Controller {
     }
 
     /// Every batch of decisions made durable from now on, as the history records it.
-    pub fn decisions(&self) -> tokio::sync::broadcast::Receiver<Arc<history::Recorded>> {
+    pub fn decisions(&self) -> tokio::sync::broadcast::Receiver<Arc<Recorded>> {
         self.shared.history.subscribe()
     }
 
@@ -353,5 +354,31 @@ impl Controller {
         signal.await;
         info!("shutting down");
         self.shutdown().await;
+    }
+}
+
+/// The controller as its adapters (stanch-kube's) read and steer it.
+impl Control for Controller {
+    type Published = crate::publish::Snapshot;
+    type ConfigureError = ConfigureError;
+
+    fn published(&self) -> Arc<crate::publish::Snapshot> {
+        Controller::published(self)
+    }
+
+    fn versions(&self) -> watch::Receiver<u64> {
+        self.subscribe()
+    }
+
+    fn decisions(&self) -> tokio::sync::broadcast::Receiver<Arc<Recorded>> {
+        Controller::decisions(self)
+    }
+
+    fn leadership(&self) -> &Arc<Leadership> {
+        Controller::leadership(self)
+    }
+
+    async fn configure(&self, config: Config) -> Result<(), ConfigureError> {
+        Controller::configure(self, config).await
     }
 }

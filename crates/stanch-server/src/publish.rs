@@ -45,6 +45,20 @@ pub struct Snapshot {
     pub alerts: AlertSummary,
 }
 
+impl stanch_ports::control::Publication for Snapshot {
+    fn table(&self) -> &RouteTable {
+        &self.table
+    }
+
+    fn table_json(&self) -> &[u8] {
+        &self.json
+    }
+
+    fn model_status(&self, model: &str) -> Option<&ModelStatus> {
+        self.models.get(model)
+    }
+}
+
 impl Snapshot {
     /// A snapshot of `table` and the status parts.
     pub fn new(
@@ -91,7 +105,7 @@ impl Snapshot {
 
 /// `table` as the gRPC watch sends it.
 fn grpc_message(table: &RouteTable) -> Bytes {
-    use stanch_api::proto::v1::{WatchResponse, watch_response};
+    use stanch_proto::v1::{WatchResponse, watch_response};
     let message = WatchResponse {
         kind: Some(watch_response::Kind::Table(table.into())),
     };

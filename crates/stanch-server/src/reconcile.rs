@@ -12,9 +12,9 @@ use stanch_core::Input;
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::clock::Clock;
 use crate::engine_task::EngineHandle;
 use crate::metrics::{KindLabel, Metrics};
+use stanch_ports::clock::Clock;
 
 /// Why a reconciliation failed.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use stanch_client::{Transport, WatchConfig};
 use stanch_core::Config;
-use stanch_server::clock::SystemClock;
+use stanch_ports::clock::SystemClock;
 use stanch_server::{Controller, Settings};
 
 async fn controller() -> (Controller, String) {
@@ -322,7 +322,7 @@ async fn an_unreadable_table_is_reported_over_sse() {
 /// the same rules as from the watch, and kept as last-known-good.
 #[tokio::test]
 async fn a_gateway_follows_the_route_table_resource_by_the_watchs_rules() {
-    use stanch_kube::fake::FakeApiServer;
+    use stanch_fake_apiserver::FakeApiServer;
     use stanch_kube::publish::RouteTableWriter;
 
     let api = FakeApiServer::start().await;
@@ -589,7 +589,7 @@ async fn a_controllers_table() -> stanch_api::RouteTable {
 #[derive(Default)]
 struct Heard {
     opened: Vec<tokio::time::Instant>,
-    requests: Vec<stanch_api::proto::v1::WatchRequest>,
+    requests: Vec<stanch_proto::v1::WatchRequest>,
 }
 
 type HeardBy = Arc<std::sync::Mutex<Heard>>;
@@ -597,10 +597,10 @@ type HeardBy = Arc<std::sync::Mutex<Heard>>;
 /// A gRPC controller that sends each `WatchRoutes` stream `script`, then nothing
 /// while it stays open, and keeps what the gateway says. Returns its URL.
 async fn scripted_grpc_server(
-    script: Vec<stanch_api::proto::v1::watch_response::Kind>,
+    script: Vec<stanch_proto::v1::watch_response::Kind>,
 ) -> (String, HeardBy) {
-    use stanch_api::proto::v1::route_watch_server::{RouteWatch, RouteWatchServer};
-    use stanch_api::proto::v1::{self};
+    use stanch_proto::v1::route_watch_server::{RouteWatch, RouteWatchServer};
+    use stanch_proto::v1::{self};
     type Messages = std::pin::Pin<
         Box<dyn futures_util::Stream<Item = Result<v1::WatchResponse, tonic::Status>> + Send>,
     >;
@@ -669,7 +669,7 @@ async fn silent_grpc_server(
     table: stanch_api::RouteTable,
     interval: Duration,
 ) -> (String, HeardBy) {
-    use stanch_api::proto::v1::{self, watch_response};
+    use stanch_proto::v1::{self, watch_response};
     scripted_grpc_server(vec![
         watch_response::Kind::Heartbeat(v1::Heartbeat {
             interval_ms: interval.as_millis() as u64,
@@ -685,7 +685,7 @@ async fn silent_grpc_server(
 /// than the table it holds (which it keeps), with a Nack that says why.
 #[tokio::test]
 async fn every_table_sent_over_grpc_is_answered() {
-    use stanch_api::proto::v1::{self, watch_request, watch_response};
+    use stanch_proto::v1::{self, watch_request, watch_response};
     let table = a_controllers_table().await;
     let mut unreadable = v1::RouteTable::from(&table);
     unreadable.version += 1;

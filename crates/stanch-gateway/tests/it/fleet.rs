@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use stanch_core::Config;
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
-use stanch_net::clock::SystemClock;
+use stanch_ports::clock::SystemClock;
 use stanch_server::{Controller, Settings};
 
 use crate::support::*;

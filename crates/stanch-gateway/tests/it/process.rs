@@ -279,7 +279,7 @@ async fn every_access_line_is_written_whole_and_none_lost_at_a_stop() {
 async fn the_binary_follows_the_route_table_resource_without_reaching_the_controller() {
     use std::sync::Arc;
 
-    use stanch_kube::fake::FakeApiServer;
+    use stanch_fake_apiserver::FakeApiServer;
     use stanch_kube::publish::RouteTableWriter;
 
     let api = FakeApiServer::start().await;
@@ -291,7 +291,7 @@ async fn the_binary_follows_the_route_table_resource_without_reaching_the_contro
     let controller = stanch_server::Controller::start(
         stanch_server::Settings::in_memory(stanch_core::Config::default_config()),
         listener,
-        Arc::new(stanch_server::clock::SystemClock),
+        Arc::new(stanch_ports::clock::SystemClock),
     )
     .await
     .unwrap();

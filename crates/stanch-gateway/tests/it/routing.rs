@@ -119,8 +119,8 @@ async fn an_expired_lease_reverts_to_normal_routing() {
 #[tokio::test]
 async fn blocks_from_the_table_are_honoured() {
     let mut f = fleet().await;
-    let until =
-        stanch_net::clock::Clock::now(&stanch_net::clock::SystemClock) + Duration::from_secs(60);
+    let until = stanch_ports::clock::Clock::now(&stanch_ports::clock::SystemClock)
+        + Duration::from_secs(60);
     let block = |e: &Upstream| BlockedEndpoint {
         endpoint: e.base.clone(),
         model: Some("qwen-72b".into()),
@@ -307,7 +307,7 @@ async fn bodies_are_read_as_the_upstream_reads_them() {
 fn an_upstream_key_that_cannot_be_a_header_stops_the_start() {
     use stanch_gateway::Gateway;
     use stanch_gateway::config::GatewayConfig;
-    use stanch_net::clock::SystemClock;
+    use stanch_ports::clock::SystemClock;
     use std::sync::Arc;
 
     let key = std::env::temp_dir().join(format!("stanch-bad-key-{}", std::process::id()));

@@ -11,7 +11,7 @@ use stanch_api::{ModelRoute, RouteTable, Rung};
 use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
-use stanch_net::clock::{Clock, SystemClock};
+use stanch_ports::clock::{Clock, SystemClock};
 
 pub struct Upstream {
     pub base: String,

@@ -8,9 +8,9 @@ use std::time::Duration;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
+use stanch_fake_apiserver::FakeApiServer;
 use stanch_kube::adapter::Adapter;
 use stanch_kube::crd::StanchPolicy;
-use stanch_kube::fake::FakeApiServer;
 
 fn client(api: &FakeApiServer) -> kube::Client {
     kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap()
@@ -39,7 +39,7 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
         stanch_server::Controller::start(
             stanch_server::Settings::in_memory(stanch_core::Config::default_config()),
             listener,
-            Arc::new(stanch_server::clock::SystemClock),
+            Arc::new(stanch_ports::clock::SystemClock),
         )
         .await
         .unwrap(),
@@ -49,14 +49,14 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
         Some("monitoring".into()),
         stanch_core::Config::default_config(),
         "stanch-0",
-        Arc::new(stanch_server::clock::SystemClock),
+        Arc::new(stanch_ports::clock::SystemClock),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = {
         let controller = controller.clone();
         tokio::spawn(async move {
             adapter
-                .run(&controller, async {
+                .run(&*controller, async {
                     let _ = stopped.await;
                 })
                 .await;

@@ -10,8 +10,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
+use stanch_fake_apiserver::FakeApiServer;
 use stanch_kube::crd::{StanchPolicy, StanchPolicySpec};
-use stanch_kube::fake::FakeApiServer;
 
 fn client(api: &FakeApiServer) -> kube::Client {
     let config = kube::Config::new(api.url().parse().unwrap());
@@ -186,7 +186,7 @@ async fn the_route_table_resource_holds_what_the_watch_serves() {
     let controller = stanch_server::Controller::start(
         stanch_server::Settings::in_memory(stanch_core::Config::default_config()),
         listener,
-        std::sync::Arc::new(stanch_server::clock::SystemClock),
+        std::sync::Arc::new(stanch_ports::clock::SystemClock),
     )
     .await
     .unwrap();

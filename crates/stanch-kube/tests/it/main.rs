@@ -3,6 +3,5 @@
 mod adapter;
 mod client;
 mod crds;
-mod fake;
 mod sequence;
 mod store;

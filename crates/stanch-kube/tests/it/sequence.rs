@@ -16,8 +16,8 @@ use stanch_kube::election::Election;
 use stanch_kube::lease::Elector;
 use stanch_kube::publish::RouteTableWriter;
 use stanch_kube::store::KubeStore;
-use stanch_server::leadership::{Leadership, Role};
-use stanch_server::store::StateStore;
+use stanch_ports::leadership::{Leadership, Role};
+use stanch_ports::store::StateStore;
 
 /// One request as it came.
 #[derive(Debug, Clone)]
@@ -139,7 +139,7 @@ async fn the_election_takes_a_free_lease_renews_it_by_its_version_and_gives_it_u
         kube::Api::namespaced(client, "monitoring"),
         "stanch",
         Elector::new("stanch-0", Duration::from_secs(3), Duration::from_secs(1)),
-        Arc::new(stanch_server::clock::SystemClock),
+        Arc::new(stanch_ports::clock::SystemClock),
         leadership.clone(),
     );
     let guard = election.guard();
@@ -192,7 +192,7 @@ async fn the_election_takes_a_free_lease_renews_it_by_its_version_and_gives_it_u
 #[test]
 fn taking_the_store_over_writes_it_at_the_version_read_before_trusting_it() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let record = stanch_server::store::Record {
+    let record = stanch_ports::store::Record {
         seq: 1,
         at: stanch_api::Timestamp::from_millis(1_764_633_600_000),
         input: stanch_core::Input::Tick,

@@ -16,10 +16,10 @@ use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
 use stanch_api::alerts::{AlertSource, AlertStatus, IncomingAlert};
 use stanch_api::{Fingerprint, Labels, Timestamp};
 use stanch_core::{Engine, EngineState, Input};
-use stanch_kube::fake::{FakeApiServer, WriteFault};
+use stanch_fake_apiserver::{FakeApiServer, WriteFault};
 use stanch_kube::store::{Guard, KubeStore};
+use stanch_ports::store::{Loaded, Record, StateStore, StoreError};
 use stanch_server::config::ConfigFile;
-use stanch_server::store::{Loaded, Record, StateStore, StoreError};
 
 const NS: &str = "monitoring";
 const STATE: &str = "stanch-state";

@@ -31,16 +31,16 @@ use stanch_core::Config;
 use tokio::sync::Notify;
 
 use crate::auth::{Role, Tokens};
-use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::engine_task::{EngineHandle, EngineUnavailable, StoreHealth};
 use crate::error::ApiError;
 use crate::gateways::Gateways;
 use crate::history::History;
-use crate::leadership::Leadership;
 use crate::metrics::{KindLabel, Metrics};
 use crate::net::body::{BodyBudget, BodyError, BodyLimits, read_whole};
 use crate::publish::Publisher;
+use stanch_ports::clock::Clock;
+use stanch_ports::leadership::Leadership;
 
 /// What every handler shares.
 pub struct Shared {
@@ -237,8 +237,8 @@ async fn leader_only(
     next: Next,
 ) -> Result<Response, ApiError> {
     match state.leadership.role() {
-        crate::leadership::Role::Leader => Ok(next.run(request).await),
-        crate::leadership::Role::Follower { leader } => Err(ApiError::NotLeader { leader }),
+        stanch_ports::leadership::Role::Leader => Ok(next.run(request).await),
+        stanch_ports::leadership::Role::Follower { leader } => Err(ApiError::NotLeader { leader }),
     }
 }
 

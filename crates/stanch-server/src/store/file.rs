@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use stanch_core::EngineState;
 
 use super::fs::{Fs, RealFs};
-use super::{Loaded, Record, StateStore, StoreError};
+use stanch_ports::store::{Loaded, Record, StateStore, StoreError};
 
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {

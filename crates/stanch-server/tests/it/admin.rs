@@ -248,7 +248,7 @@ async fn overrides_need_the_admin_token() {
 /// leads, the same requests are taken.
 #[tokio::test]
 async fn a_follower_refuses_writes_and_names_the_leader() {
-    use stanch_server::leadership::Role;
+    use stanch_ports::leadership::Role;
     let h = Harness::start().await;
     let before = h.routes().await;
     let leadership = h.controller.as_ref().unwrap().leadership().clone();

@@ -25,12 +25,13 @@ use stanch_api::alerts::{AlertSource, AlertStatus, IncomingAlert};
 use stanch_api::{Fingerprint, HumanDuration, Labels, Rung, Timestamp};
 use stanch_core::engine::Command;
 use stanch_core::{EngineState, Input};
-use stanch_server::clock::{Clock, ManualClock};
+use stanch_ports::clock::{Clock, ManualClock};
+use stanch_ports::store::StateStore;
 use stanch_server::engine_task::{EngineTask, Started};
 use stanch_server::history::History;
 use stanch_server::metrics::Metrics;
+use stanch_server::store::FileStore;
 use stanch_server::store::sim::{Fault, SimFs, Writeback};
-use stanch_server::store::{FileStore, StateStore};
 
 use crate::support::{fixture_time, test_config};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use stanch_api::{HumanDuration, Timestamp};
-use stanch_server::clock::Clock;
+use stanch_ports::clock::Clock;
 
 use crate::support::*;
 

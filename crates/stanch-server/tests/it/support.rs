@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 use stanch_api::Timestamp;
 use stanch_core::Config;
+use stanch_ports::clock::ManualClock;
 use stanch_server::auth::Tokens;
-use stanch_server::clock::ManualClock;
 use stanch_server::config::ServerConfig;
 use stanch_server::{Controller, Settings};
 

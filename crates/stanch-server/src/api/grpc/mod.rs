@@ -29,7 +29,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes};
-use stanch_api::proto::v1::{self, watch_request, watch_response};
+use stanch_proto::v1::{self, watch_request, watch_response};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 
@@ -67,7 +67,7 @@ pub(super) fn router(state: AppState) -> axum::Router {
         tonic_health::server::HealthService::from_health_reporter(state.health.clone()),
     );
     let descriptors = [
-        stanch_api::proto::FILE_DESCRIPTOR_SET,
+        stanch_proto::FILE_DESCRIPTOR_SET,
         tonic_health::pb::FILE_DESCRIPTOR_SET,
     ];
     let mut v1 = tonic_reflection::server::Builder::configure();
@@ -124,7 +124,7 @@ where
 pub(crate) async fn report_health(state: AppState, stop: impl std::future::Future<Output = ()>) {
     use tonic_health::ServingStatus;
     let health = &state.health;
-    let watch = stanch_api::proto::ROUTE_WATCH_SERVICE;
+    let watch = stanch_proto::ROUTE_WATCH_SERVICE;
     let mut published = state.publisher.subscribe();
     tokio::pin!(stop);
     loop {
@@ -152,7 +152,7 @@ pub(crate) async fn report_health(state: AppState, stop: impl std::future::Futur
 struct WatchService(Arc<Watch>);
 
 impl tonic::server::NamedService for WatchService {
-    const NAME: &'static str = stanch_api::proto::ROUTE_WATCH_SERVICE;
+    const NAME: &'static str = stanch_proto::ROUTE_WATCH_SERVICE;
 }
 
 type Answer = axum::http::Response<tonic::body::Body>;

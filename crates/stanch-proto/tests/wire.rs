@@ -4,7 +4,7 @@
 
 use prost::Message;
 use stanch_api::RouteTable;
-use stanch_api::proto::v1::{self, watch_response};
+use stanch_proto::v1::{self, watch_response};
 
 fn sample(name: &str) -> Vec<u8> {
     let path = format!("{}/tests/wire/{name}", env!("CARGO_MANIFEST_DIR"));

@@ -2,7 +2,7 @@
 //! stanch uses (shapes checked against the Kubernetes API reference).
 
 use serde_json::{Value, json};
-use stanch_kube::fake::FakeApiServer;
+use stanch_fake_apiserver::FakeApiServer;
 
 const POLICIES: &str = "/apis/stanch.dev/v1alpha1/namespaces/monitoring/stanchpolicies";
 

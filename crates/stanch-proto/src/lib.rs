@@ -1,5 +1,9 @@
 //! The gRPC watch's wire types, compiled from `proto/stanch/v1` at build time, and
-//! their conversion to and from the route table.
+//! their conversion to and from the route table of `stanch-api`.
+//!
+//! Apart from `stanch-api` so that the serde wire types, and the pure core built on
+//! them, do not carry the generated code's dependencies (prost, tonic): only the
+//! gRPC server, the gRPC client and tools that speak the watch depend on this crate.
 //!
 //! The protobuf table is the JSON one field for field: a table converted to protobuf
 //! and back is the same table, so every transport serves one content (a test in
@@ -7,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{BlockedEndpoint, Fingerprint, ModelRoute, RouteTable, Rung, Timestamp};
+use stanch_api::{BlockedEndpoint, Fingerprint, ModelRoute, RouteTable, Rung, Timestamp};
 
 /// Package `stanch.v1`: messages, `route_watch_client` and `route_watch_server`.
 #[allow(

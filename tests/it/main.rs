@@ -1,5 +1,6 @@
 //! Tests of the `stanch` binary as an operator runs it.
 
+mod architecture;
 mod chart;
 mod cli;
 mod deps;

@@ -432,6 +432,15 @@ impl Config {
     pub fn validate(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         let mut problem = |path: String, message: String| out.push(Problem { path, message });
+        self.model_problems(&mut problem);
+        self.duration_problems(&mut problem);
+        self.limit_problems(&mut problem);
+        self.mapping_problems(&mut problem);
+        out
+    }
+
+    /// The models: names, pools and their endpoints, fallbacks, FAQ sets, own ladders.
+    fn model_problems(&self, problem: &mut impl FnMut(String, String)) {
         if self.models.is_empty() {
             problem("models".into(), "at least one model is needed".into());
         }
@@ -484,7 +493,7 @@ impl Config {
                     );
                 }
             }
-            own_ladder_problems(&format!("{at}.ladder"), &model.ladder, &mut problem);
+            own_ladder_problems(&format!("{at}.ladder"), &model.ladder, problem);
             if let Some(faq) = &model.faq
                 && !faq_sets.contains(faq.as_str())
             {
@@ -494,6 +503,10 @@ impl Config {
                 );
             }
         }
+    }
+
+    /// Durations: positive where zero means nothing, and none past the longest a policy may say.
+    fn duration_problems(&self, problem: &mut impl FnMut(String, String)) {
         let ladder = &self.ladder;
         for (path, d) in [
             ("ladder.recover_after", ladder.recover_after),
@@ -531,6 +544,11 @@ impl Config {
                 );
             }
         }
+    }
+
+    /// Limits and fractions within their ranges.
+    fn limit_problems(&self, problem: &mut impl FnMut(String, String)) {
+        let ladder = &self.ladder;
         if !(1..=MAX_ACTIVE_ALERTS).contains(&self.alerts.max_active) {
             problem(
                 "alerts.max_active".into(),
@@ -602,6 +620,10 @@ impl Config {
                 problem(format!("blocking.never_block[{i}]"), "empty pattern".into());
             }
         }
+    }
+
+    /// Mapping rules: matchers that parse, a known action, and the labels or models it needs.
+    fn mapping_problems(&self, problem: &mut impl FnMut(String, String)) {
         for (i, m) in self.mappings.iter().enumerate() {
             let at = format!("mappings[{i}]");
             if m.matchers.is_empty() {
@@ -659,7 +681,6 @@ impl Config {
                 );
             }
         }
-        out
     }
 }
 

@@ -59,6 +59,52 @@ pub enum Rule {
     FlapHold,
 }
 
+/// An operator's override, as decisions, the history and metrics name it
+/// (`force`, `unblock-all`, `dry-run`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverrideAction {
+    /// A model pinned at a rung.
+    Force,
+    /// A pinned model handed back to automation.
+    Release,
+    /// Automation stopped for a model or for every model.
+    Freeze,
+    /// A freeze ended.
+    Thaw,
+    /// An endpoint blocked by hand.
+    Block,
+    /// A block lifted.
+    Unblock,
+    /// Every block lifted.
+    UnblockAll,
+    /// Dry-run turned on or off.
+    DryRun,
+}
+
+impl OverrideAction {
+    /// Its name: `force`, `release`, `freeze`, `thaw`, `block`, `unblock`,
+    /// `unblock-all`, `dry-run`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverrideAction::Force => "force",
+            OverrideAction::Release => "release",
+            OverrideAction::Freeze => "freeze",
+            OverrideAction::Thaw => "thaw",
+            OverrideAction::Block => "block",
+            OverrideAction::Unblock => "unblock",
+            OverrideAction::UnblockAll => "unblock-all",
+            OverrideAction::DryRun => "dry-run",
+        }
+    }
+}
+
+impl fmt::Display for OverrideAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One thing the engine did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -215,8 +261,8 @@ pub enum Decision {
     },
     /// An operator's override took effect.
     Override {
-        /// `force`, `release`, `freeze`, `thaw`, `block`, `unblock`, `unblock-all`, `dry-run`.
-        action: String,
+        /// Which override.
+        action: OverrideAction,
         /// The model, if one.
         model: Option<String>,
         /// What it did.
@@ -226,8 +272,8 @@ pub enum Decision {
     },
     /// An override reached its TTL.
     OverrideEnded {
-        /// `force`, `freeze` or `dry-run`.
-        action: String,
+        /// `Force`, `Freeze` or `DryRun`.
+        action: OverrideAction,
         /// The model, if one.
         model: Option<String>,
     },

@@ -17,7 +17,7 @@ pub mod rules;
 pub mod state;
 
 pub use config::{Config, ConfigError, Problem};
-pub use decision::{Decision, ResolvedBy, Rule};
+pub use decision::{Decision, OverrideAction, ResolvedBy, Rule};
 pub use engine::{Command, Engine, Input, Step};
 pub use mapping::Condition;
 pub use rules::Action;

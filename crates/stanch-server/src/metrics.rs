@@ -297,3 +297,32 @@ impl Metrics {
         out
     }
 }
+
+impl Metrics {
+    /// The gauges that follow the engine's state: each model's rung and flap pin,
+    /// frozen models, dry-run, active alerts and blocks, the route version.
+    pub(crate) fn set_state(&self, s: &stanch_core::EngineState) {
+        let m = self;
+        for (name, route) in &s.published.models {
+            m.model_rung
+                .get_or_create(&ModelLabel { model: name.into() })
+                .set(route.rung.index() as i64);
+        }
+        for (name, st) in &s.models {
+            m.flap_pinned
+                .get_or_create(&ModelLabel { model: name.into() })
+                .set(i64::from(st.pin.is_some()));
+        }
+        let frozen = if s.global_freeze.is_some() {
+            s.models.len()
+        } else {
+            s.models.values().filter(|m| m.freeze.is_some()).count()
+        };
+        m.frozen.set(frozen as i64);
+        m.dry_run.set(i64::from(s.dry_run.is_some()));
+        m.alerts_active.set(s.alerts.len() as i64);
+        m.blocks_active.set(s.blocks.len() as i64);
+        m.route_version
+            .set(i64::try_from(s.version).unwrap_or(i64::MAX));
+    }
+}

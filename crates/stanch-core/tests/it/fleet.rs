@@ -8,7 +8,7 @@ use stanch_api::reports::EndpointReport;
 use stanch_core::config::PoolConfig;
 use stanch_core::engine::ReportRefusals;
 use stanch_core::state::{BlockSource, FleetStats};
-use stanch_core::{Command, Config, Decision, Engine, EngineState, Input};
+use stanch_core::{Command, Config, Decision, Engine, EngineState, Input, OverrideAction};
 
 use crate::harness::{AlertBuilder, T0, base_config, engine};
 
@@ -244,11 +244,9 @@ fn at_the_block_limit_reports_are_refused_and_alerts_and_operators_take_their_pl
     for ep in ["http://o1:1", "http://o2:1"] {
         let s = e.step(block(ep), T0);
         assert_eq!(block_limits(&s.decisions), [(0, 1)]);
-        assert!(
-            s.decisions
-                .iter()
-                .any(|d| matches!(d, Decision::Override { action, .. } if action == "block"))
-        );
+        assert!(s.decisions.iter().any(
+            |d| matches!(d, Decision::Override { action, .. } if *action == OverrideAction::Block)
+        ));
     }
     assert!(
         blocked(&e)

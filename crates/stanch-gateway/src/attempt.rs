@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use stanch_api::headers::RATE_LIMITED;
+use stanch_log::Sources;
 use stanch_net::body::{BodyError, BodyLimits, read_whole};
 use stanch_net::timer::timeout_at;
 use tokio::time::Instant;
@@ -188,9 +189,9 @@ pub(crate) async fn send(
             // A TLS failure is a configuration problem (trust, name) more than an outage:
             // worth a warning, but not one per request.
             if matches!(e, SendError::Tls(..)) && endpoint.conns.tls_warning_due() {
-                warn!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
+                warn!(endpoint = %endpoint.url, error = %e, source = %Sources(&e), "upstream attempt failed");
             } else {
-                debug!(endpoint = %endpoint.url, error = %e, "upstream attempt failed");
+                debug!(endpoint = %endpoint.url, error = %e, source = %Sources(&e), "upstream attempt failed");
             }
             let failure = Failure::new(Outcome::Connect);
             let failure = if e.is_transient() {

@@ -189,6 +189,26 @@ mod tests {
         assert_eq!(Failure::new(Outcome::NoHeaders).to_string(), "no_headers");
     }
 
+    /// The upstream client's own errors keep their causes as sources, each told once.
+    #[test]
+    fn an_upstream_error_keeps_its_cause_as_a_source() {
+        use crate::upstream::{SendError, h1};
+        let io = || std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let http = SendError::Http("up:8000".into(), h1::Error::Io(io()));
+        let failure = Failure::new(Outcome::Connect).because(http);
+        assert_eq!(
+            failure.to_string(),
+            "connect_error: HTTP exchange with up:8000: connection: reset by peer"
+        );
+        let connect = SendError::Connect("up:8000".into(), io());
+        assert_eq!(connect.to_string(), "connect to up:8000");
+        assert_eq!(
+            stanch_log::Sources(&connect).to_string(),
+            "reset by peer",
+            "the cause is the source, not in the message"
+        );
+    }
+
     #[test]
     fn only_the_callers_faults_stop_the_retries() {
         for outcome in [

@@ -248,6 +248,27 @@ fn write_time(w: &mut impl fmt::Write, since_epoch: Duration) -> fmt::Result {
     w.write_str(std::str::from_utf8(&digits).expect("ASCII digits"))
 }
 
+/// An error's causes below it, joined with `: `, for a log line's `source` field
+/// beside the error itself (`error = %e, source = %Sources(&e)`): errors keep their
+/// causes as sources rather than in their messages, and a log line shows them all.
+pub struct Sources<'a>(pub &'a dyn std::error::Error);
+
+impl fmt::Display for Sources<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut source = self.0.source();
+        let mut first = true;
+        while let Some(e) = source {
+            if !first {
+                f.write_str(": ")?;
+            }
+            write!(f, "{e}")?;
+            first = false;
+            source = e.source();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;

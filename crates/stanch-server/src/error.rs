@@ -195,22 +195,3 @@ impl IntoResponse for ApiError {
         response
     }
 }
-
-/// An error's causes, joined, for a log line.
-pub(crate) struct ErrorChain<'a>(pub &'a dyn std::error::Error);
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut source = self.0.source();
-        let mut first = true;
-        while let Some(e) = source {
-            if !first {
-                f.write_str(": ")?;
-            }
-            write!(f, "{e}")?;
-            first = false;
-            source = e.source();
-        }
-        Ok(())
-    }
-}

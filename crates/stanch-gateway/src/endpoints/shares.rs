@@ -8,7 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stanch_api::Timestamp;
+use stanch_api::hash::Fnv64;
 use tokio::time::Instant;
+
+use crate::config::BlockingPolicy;
+use crate::outcome::Outcome;
 
 use super::*;
 

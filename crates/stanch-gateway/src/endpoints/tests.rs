@@ -1,6 +1,11 @@
 //! The tests of `endpoints`.
 
+use std::time::Duration;
+
 use super::*;
+use crate::config::BlockingPolicy;
+use crate::outcome::Outcome;
+use crate::table::Applied;
 
 /// An endpoint of model `m` in pool `p`, capacity 10.
 fn endpoint(url: &str, weight: u32, key: Option<&str>, alone: bool) -> Result<Endpoint, String> {

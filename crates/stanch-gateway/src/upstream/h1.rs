@@ -33,13 +33,13 @@ const MAX_TRAILER_LINES: usize = MAX_HEADERS;
 /// The most informational (1xx) responses skipped before the final one.
 const MAX_INFORMATIONAL: u32 = 16;
 
-/// Why an exchange with an upstream failed. Each message carries its cause's, since
-/// they are logged with `%` (so none is chained as a source as well).
+/// Why an exchange with an upstream failed; an I/O or parse error underneath is its
+/// `source()`, which the log shows after it (`Failure`'s display, `stanch_log::Sources`).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
     /// Reading or writing the connection failed (a reset, a TLS alert).
-    #[error("connection: {0}")]
-    Io(std::io::Error),
+    #[error("connection")]
+    Io(#[source] std::io::Error),
     /// The connection closed before a whole response head arrived.
     #[error("the connection closed before a response")]
     ClosedBeforeResponse,
@@ -47,8 +47,8 @@ pub(crate) enum Error {
     #[error("the connection closed before the end of the body")]
     ClosedInBody,
     /// The response head is not HTTP/1.x.
-    #[error("malformed response head: {0}")]
-    Parse(httparse::Error),
+    #[error("malformed response head")]
+    Parse(#[source] httparse::Error),
     /// The response head is HTTP/1.x, but not one the gateway accepts.
     #[error("malformed response head: {0}")]
     Head(&'static str),

@@ -68,17 +68,17 @@ pub(crate) type RequestBody = Bytes;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SendError {
     /// The TCP connection could not be made.
-    #[error("connect to {0}: {1}")]
-    Connect(String, std::io::Error),
+    #[error("connect to {0}")]
+    Connect(String, #[source] std::io::Error),
     /// The TCP connection did not complete within the connect timeout.
     #[error("connect to {0}: timed out")]
     ConnectTimeout(String),
     /// The TLS handshake failed (an untrusted certificate, a wrong name, a plain port).
-    #[error("TLS handshake with {0}: {1}")]
-    Tls(String, std::io::Error),
+    #[error("TLS handshake with {0}")]
+    Tls(String, #[source] std::io::Error),
     /// The HTTP exchange failed: reset, closed early, malformed response.
-    #[error("HTTP exchange with {0}: {1}")]
-    Http(String, h1::Error),
+    #[error("HTTP exchange with {0}")]
+    Http(String, #[source] h1::Error),
 }
 
 impl SendError {
@@ -334,7 +334,7 @@ impl Pool {
             match conn.exchange(&request).await {
                 Ok(head) => return Ok(self.respond(head, conn)),
                 Err(e) if conn.buf.is_empty() && e.is_closed_unread() => {
-                    tracing::debug!(upstream = %self.shared.target.authority, error = %e, "a kept-alive connection was closed under the request; sending it on a new one");
+                    tracing::debug!(upstream = %self.shared.target.authority, error = %e, source = %stanch_log::Sources(&e), "a kept-alive connection was closed under the request; sending it on a new one");
                 }
                 Err(e) => return Err(SendError::Http(self.shared.target.authority.clone(), e)),
             }

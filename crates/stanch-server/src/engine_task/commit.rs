@@ -14,8 +14,8 @@ use tracing::{error, info, warn};
 
 use super::replay::snapshot_of;
 use super::{Applied, EngineTask, EngineUnavailable, Job, MAX_UNSYNCED};
-use crate::error::ErrorChain;
 use crate::metrics::KindLabel;
+use stanch_log::Sources;
 
 impl EngineTask {
     /// Steps every job and the tick at one time, writes what changed with one
@@ -161,7 +161,7 @@ impl EngineTask {
     /// job refused with a retryable error.
     fn not_durable(&mut self, e: &StoreError, answered: Vec<Waiting>) {
         if self.health.healthy.swap(false, Ordering::Relaxed) {
-            error!(error = %e, source = %ErrorChain(e), "cannot write the journal; holding decisions unpublished and refusing acknowledgements until it recovers");
+            error!(error = %e, source = %Sources(e), "cannot write the journal; holding decisions unpublished and refusing acknowledgements until it recovers");
         }
         self.metrics
             .store_errors
@@ -205,7 +205,7 @@ impl EngineTask {
             }
             Err(e) => {
                 self.store_failed(&e);
-                warn!(error = %e, source = %ErrorChain(&e), "cannot write a snapshot; the journal keeps growing until one succeeds");
+                warn!(error = %e, source = %Sources(&e), "cannot write a snapshot; the journal keeps growing until one succeeds");
                 self.on_fenced(&e);
             }
         }

@@ -18,7 +18,7 @@ mod role;
 
 use self::replay::snapshot_of;
 use self::role::{FOLLOW_EVERY, Followed, role_changed};
-use crate::error::ErrorChain;
+use stanch_log::Sources;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -204,7 +204,7 @@ impl EngineTask {
             store.append(&task.unsynced).map(|()| {
                 // Compact at start so replay stays short across restarts.
                 if let Err(e) = store.snapshot(task.engine.state(), task.next_seq - 1) {
-                    warn!(error = %e, source = %ErrorChain(&e), "cannot write a snapshot at start; the journal keeps everything");
+                    warn!(error = %e, source = %Sources(&e), "cannot write a snapshot at start; the journal keeps everything");
                 }
             })
         };
@@ -217,7 +217,7 @@ impl EngineTask {
                 task.publisher.publish(snapshot_of(&task.engine, now));
             }
             Err(e) => {
-                error!(error = %e, source = %ErrorChain(&e), "cannot write state at start; serving the restored table, refusing input until the store recovers");
+                error!(error = %e, source = %Sources(&e), "cannot write state at start; serving the restored table, refusing input until the store recovers");
                 task.health.healthy.store(false, Ordering::Relaxed);
                 task.publisher.publish(restored);
             }

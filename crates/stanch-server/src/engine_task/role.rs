@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::replay::{replay, snapshot_of};
 use super::{Applied, EngineTask, EngineUnavailable, Job};
-use crate::error::ErrorChain;
+use stanch_log::Sources;
 
 /// Where a follower's engine stands in the leader's history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +54,7 @@ impl EngineTask {
             Err(e) => {
                 self.fenced = matches!(e, StoreError::Fenced { .. });
                 self.store_failed(&e);
-                warn!(error = %e, source = %ErrorChain(&e), "leading, but cannot take the state store over; trying again");
+                warn!(error = %e, source = %Sources(&e), "leading, but cannot take the state store over; trying again");
                 return;
             }
         };
@@ -129,7 +129,7 @@ impl EngineTask {
             }
             Err(e) => {
                 self.store_failed(&e);
-                debug!(error = %e, source = %ErrorChain(&e), "cannot read the leader's state; serving the last table read");
+                debug!(error = %e, source = %Sources(&e), "cannot read the leader's state; serving the last table read");
             }
         }
     }

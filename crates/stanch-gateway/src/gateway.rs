@@ -81,13 +81,14 @@ pub enum StartError {
         /// Why.
         why: String,
     },
-    /// An endpoint's URL or the upstream TLS settings cannot be used.
-    #[error("{what}: {why}")]
+    /// An endpoint's URL or key, or the upstream TLS settings, cannot be used.
+    #[error("{what}")]
     Upstream {
         /// Which setting.
         what: String,
         /// Why.
-        why: String,
+        #[source]
+        why: upstream::SetupError,
     },
 }
 

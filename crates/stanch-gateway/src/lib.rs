@@ -42,3 +42,4 @@ mod server;
 pub use background::{probe_loop, report_loop};
 pub use gateway::{Gateway, StartError, applied_table};
 pub use server::{serve, serve_on};
+pub use upstream::SetupError;

@@ -64,9 +64,7 @@ async fn main() -> anyhow::Result<()> {
         .transpose()
         .map_err(|e| anyhow::anyhow!("--keep-alive-seconds: {e}"))?;
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => {
-            Some(stanch_net::tls_acceptor(cert, key, false).map_err(anyhow::Error::msg)?)
-        }
+        (Some(cert), Some(key)) => Some(stanch_net::tls_acceptor(cert, key, false)?),
         _ => None,
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

@@ -32,7 +32,7 @@ pub use admission::{Connections, Refused};
 pub use linger::Linger;
 pub use listen::{App, CloseConnection, ConnLimits, Http2Limits, serve, serve_on};
 pub use process::{raise_open_file_limit, shutdown_signal};
-pub use tls::{certificates, crypto_provider, tls_acceptor};
+pub use tls::{TlsError, certificates, crypto_provider, tls_acceptor};
 pub use workers::{Load, Workers, worker_index};
 pub use write_deadline::WriteDeadline;
 

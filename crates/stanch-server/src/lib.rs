@@ -130,8 +130,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The TLS certificate or key is unusable.
-    #[error("TLS: {0}")]
-    Tls(String),
+    #[error("TLS")]
+    Tls(#[source] net::TlsError),
     /// The listener's address could not be read.
     #[error("listener")]
     Listener(#[source] std::io::Error),

@@ -31,7 +31,7 @@ pub async fn report_loop(
     let (http, path, authorization) = match controller {
         Ok(c) => c,
         Err(why) => {
-            tracing::error!(%url, %why, "cannot report outcomes to this controller");
+            tracing::error!(%url, error = %why, source = %stanch_log::Sources(&why), "cannot report outcomes to this controller");
             return;
         }
     };

@@ -36,7 +36,7 @@ pub use self::choice::{choose, next_random};
 use self::cost::PeakEwma;
 pub use self::cost::{DECAY, Kind, Work};
 pub use self::status::EndpointStatus;
-use crate::upstream::{self, Connector, Pool};
+use crate::upstream::{self, Connector, Pool, SetupError};
 use crate::window::Window;
 
 /// One endpoint serving one model.
@@ -127,17 +127,14 @@ impl Endpoint {
         api_key: Option<SecretString>,
         alone: bool,
         connector: &Connector,
-    ) -> Result<Endpoint, String> {
+    ) -> Result<Endpoint, SetupError> {
         let conns = Pool::new(url, connector.clone())?;
         let paths = [
             conns.path("/v1/chat/completions")?,
             conns.path("/v1/completions")?,
             conns.path("/v1/embeddings")?,
         ];
-        let authorization = api_key
-            .map(|key| upstream::bearer(&key))
-            .transpose()
-            .map_err(|why| format!("api key: {why}"))?;
+        let authorization = api_key.map(|key| upstream::bearer(&key)).transpose()?;
         Ok(Endpoint {
             paths,
             conns,

@@ -124,28 +124,68 @@ impl Connector {
     }
 }
 
+/// Why an upstream's URL, key or TLS settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The URL is not `http(s)://host[:port][/path]`.
+    #[error("{url:?}: {problem}")]
+    Url {
+        /// The URL as configured.
+        url: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// The URL does not parse as a URI.
+    #[error("{url:?}")]
+    Uri {
+        /// The URL as configured.
+        url: String,
+        /// The cause.
+        #[source]
+        source: hyper::http::uri::InvalidUri,
+    },
+    /// The host is not a name or address TLS can verify.
+    #[error("{url:?}: not a TLS server name")]
+    ServerName {
+        /// The URL as configured.
+        url: String,
+        /// The cause.
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    /// An API key holds characters an HTTP header cannot carry (never shown).
+    #[error("the key has characters an HTTP header cannot carry")]
+    Key,
+    /// The private CA or the TLS client could not be set up.
+    #[error("TLS")]
+    Tls(#[from] stanch_net::TlsError),
+}
+
 /// `Authorization: Bearer <key>`, marked sensitive so that it is never logged.
-pub(crate) fn bearer(key: &SecretString) -> Result<HeaderValue, String> {
+pub(crate) fn bearer(key: &SecretString) -> Result<HeaderValue, SetupError> {
     let mut value = HeaderValue::from_str(&format!("Bearer {}", key.expose_secret()))
-        .map_err(|_| "the key has characters an HTTP header cannot carry".to_owned())?;
+        .map_err(|_| SetupError::Key)?;
     value.set_sensitive(true);
     Ok(value)
 }
 
 /// Builds the TLS client side: the Mozilla roots, plus a private CA's when given.
-pub(crate) fn tls_connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, String> {
+pub(crate) fn tls_connector(ca_file: Option<&std::path::Path>) -> Result<TlsConnector, SetupError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = ca_file {
         for cert in stanch_net::certificates(path)? {
             roots
                 .add(cert)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+                .map_err(|source| stanch_net::TlsError::BadRoot {
+                    path: path.to_owned(),
+                    source,
+                })?;
         }
     }
     let mut config = rustls::ClientConfig::builder_with_provider(stanch_net::crypto_provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(stanch_net::TlsError::Config)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -223,28 +263,37 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// A pool for the base URL `url` (`http(s)://host[:port][/path]`). Fails when it
     /// is not one.
-    pub fn new(url: &str, connector: Connector) -> Result<Pool, String> {
-        let uri: hyper::Uri = url
-            .trim_end_matches('/')
-            .parse()
-            .map_err(|e| format!("{url:?}: {e}"))?;
+    pub fn new(url: &str, connector: Connector) -> Result<Pool, SetupError> {
+        let no_host = || SetupError::Url {
+            url: url.to_owned(),
+            problem: "no host",
+        };
+        let uri: hyper::Uri =
+            url.trim_end_matches('/')
+                .parse()
+                .map_err(|source| SetupError::Uri {
+                    url: url.to_owned(),
+                    source,
+                })?;
         let host_header = uri
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .ok_or_else(|| format!("{url:?}: no host"))?;
+            .ok_or_else(no_host)?;
         let prefix = uri.path().trim_end_matches('/').to_owned();
         let https = uri.scheme_str() == Some("https");
         let host = uri
             .host()
-            .ok_or_else(|| format!("{uri}: no host"))?
+            .ok_or_else(no_host)?
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
         let tls_name = if https {
             Some(
-                ServerName::try_from(host.clone())
-                    .map_err(|e| format!("{uri}: not a TLS server name: {e}"))?,
+                ServerName::try_from(host.clone()).map_err(|source| SetupError::ServerName {
+                    url: url.to_owned(),
+                    source,
+                })?,
             )
         } else {
             None
@@ -277,10 +326,10 @@ impl Pool {
     }
 
     /// The origin-form URI of `path` (`/v1/...`) under the base URL's own path.
-    pub fn path(&self, path: &str) -> Result<hyper::Uri, String> {
-        format!("{}{path}", self.prefix)
-            .parse()
-            .map_err(|e| format!("{}{path}: {e}", self.prefix))
+    pub fn path(&self, path: &str) -> Result<hyper::Uri, SetupError> {
+        let full = format!("{}{path}", self.prefix);
+        full.parse()
+            .map_err(|source| SetupError::Uri { url: full, source })
     }
 
     /// Counts the connections it opens in `counter` from now on.
@@ -775,10 +824,18 @@ mod tests {
         std::fs::write(&dir, "not a certificate\n").unwrap();
         let err = tls_connector(Some(&dir)).err().unwrap();
         std::fs::remove_file(&dir).unwrap();
-        assert!(err.contains("no PEM certificate"), "{err}");
+        let said = stanch_log::Sources(&err).to_string();
+        assert!(said.contains("no PEM certificate"), "{said}");
         let err = tls_connector(Some(std::path::Path::new("/nonexistent/ca.pem")))
             .err()
             .unwrap();
-        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+        let said = stanch_log::Sources(&err).to_string();
+        assert!(said.contains("/nonexistent/ca.pem"), "{said}");
+        assert!(
+            std::error::Error::source(&err)
+                .and_then(std::error::Error::source)
+                .is_some(),
+            "the I/O error is kept as the cause"
+        );
     }
 }

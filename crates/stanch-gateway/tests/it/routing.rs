@@ -319,8 +319,9 @@ fn an_upstream_key_that_cannot_be_a_header_stops_the_start() {
     let config = GatewayConfig::from_yaml(&yaml).unwrap();
     let err = Gateway::new(config, None, Arc::new(SystemClock))
         .err()
-        .expect("refused")
-        .to_string();
+        .expect("refused");
+    // As the binary prints it: the error, then its causes.
+    let err = format!("{err}: {}", stanch_log::Sources(&err));
     let _ = std::fs::remove_file(&key);
     assert!(err.contains("models.m.pools.p.endpoints[0]"), "{err}");
     assert!(err.contains("header"), "{err}");

@@ -124,12 +124,18 @@ pub const MAX_TTL: HumanDuration = HumanDuration::secs(30 * 86_400);
 pub const MAX_REASON_CHARS: usize = 1024;
 
 /// Checks the `reason` every override must carry.
-pub fn validate_reason(reason: &str) -> Result<(), String> {
+pub fn validate_reason(reason: &str) -> Result<(), crate::Invalid> {
     let trimmed = reason.trim();
     if trimmed.is_empty() {
-        Err("reason: must say why (it goes into the audit history)".into())
+        Err(crate::Invalid::new(
+            "reason",
+            "must say why (it goes into the audit history)",
+        ))
     } else if reason.chars().count() > MAX_REASON_CHARS {
-        Err(format!("reason: at most {MAX_REASON_CHARS} characters"))
+        Err(crate::Invalid::new(
+            "reason",
+            format!("at most {MAX_REASON_CHARS} characters"),
+        ))
     } else {
         Ok(())
     }
@@ -143,7 +149,7 @@ mod tests {
     fn reason_is_limited_in_characters_not_bytes() {
         assert!(validate_reason(&"集".repeat(MAX_REASON_CHARS)).is_ok());
         let err = validate_reason(&"集".repeat(MAX_REASON_CHARS + 1)).unwrap_err();
-        assert!(err.starts_with("reason:"), "{err}");
+        assert_eq!(err.field, "reason", "{err}");
         assert!(validate_reason("  ").is_err());
     }
 }

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::Invalid;
 use crate::{Fingerprint, Labels, Timestamp};
 
 /// Whether an alert is still firing.
@@ -229,30 +230,34 @@ impl IncomingAlert {
     }
 }
 
-/// Checks a label set's size: `what` is `labels` or `annotations`.
+/// Checks a label set's size: `what` is `labels` or `annotations`; an error is the
+/// problem, under the alert's `prefix` (`alerts[3]`).
 fn check_sizes(
     prefix: &str,
     what: &str,
     set: &Labels,
     max_entries: usize,
     max_value: usize,
-) -> Result<(), String> {
+) -> Result<(), Invalid> {
+    let invalid = |field: String, problem: String| Invalid { field, problem };
     if set.len() > max_entries {
-        return Err(format!(
-            "{prefix}.{what}: {} entries, at most {max_entries}",
-            set.len()
+        return Err(invalid(
+            format!("{prefix}.{what}"),
+            format!("{} entries, at most {max_entries}", set.len()),
         ));
     }
     for (name, value) in set {
         let shown: String = name.chars().take(32).collect();
         if name.len() > MAX_LABEL_NAME {
-            return Err(format!(
-                "{prefix}.{what}: name {shown:?}… is longer than {MAX_LABEL_NAME} bytes"
+            return Err(invalid(
+                format!("{prefix}.{what}"),
+                format!("name {shown:?}… is longer than {MAX_LABEL_NAME} bytes"),
             ));
         }
         if value.len() > max_value {
-            return Err(format!(
-                "{prefix}.{what}.{shown}: value longer than {max_value} bytes"
+            return Err(invalid(
+                format!("{prefix}.{what}.{shown}"),
+                format!("value longer than {max_value} bytes"),
             ));
         }
     }
@@ -316,7 +321,8 @@ fn parse_alert(
             "{prefix}.labels: empty label name {name:?}"
         )));
     }
-    check_sizes(&prefix, "labels", &wire.labels, MAX_LABELS, MAX_LABEL_VALUE).map_err(reject)?;
+    check_sizes(&prefix, "labels", &wire.labels, MAX_LABELS, MAX_LABEL_VALUE)
+        .map_err(|e| reject(e.to_string()))?;
     let label_bytes = set_bytes(&wire.labels);
     if label_bytes > MAX_LABEL_BYTES {
         return Err(reject(format!(
@@ -331,7 +337,7 @@ fn parse_alert(
             MAX_ANNOTATIONS,
             usize::MAX,
         )
-        .map_err(reject)?;
+        .map_err(|e| reject(e.to_string()))?;
     }
     let time = |field: &str, raw: &Option<String>| -> Result<Option<Timestamp>, RejectedAlert> {
         match raw.as_deref() {

@@ -36,9 +36,32 @@ pub struct ErrorBody {
     pub detail: String,
 }
 
-/// Reads a JSON request body as `T`; the error names the field that was wrong
-/// (`ttl: "100000000h" is longer than …`), or says `body:` when it is not JSON at all.
-pub fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+/// A value from the wire that stanch does not accept: which field, and what is wrong
+/// with it (`ttl: "100000000h" is longer than …`; the field is `body` when the body
+/// is not JSON at all).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct Invalid {
+    /// The field, as a path (`endpoints[3].model`).
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl Invalid {
+    /// `field` is wrong: `problem`.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Invalid {
+        Invalid {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Reads a JSON request body as `T`; the error names the field that was wrong, or
+/// `body` when it is not JSON at all.
+pub fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Invalid> {
+    // serde_json appends "at line 1 column 42", which says nothing to a caller.
     let clean = |text: String| {
         text.split(" at line ")
             .next()
@@ -48,16 +71,15 @@ pub fn from_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Strin
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let text = clean(e.into_inner().to_string());
-        // serde_json appends "at line 1 column 42", which says nothing to a caller.
+        let problem = clean(e.into_inner().to_string());
         if matches!(path.as_str(), "." | "?" | "") {
-            format!("body: {text}")
+            Invalid::new("body", problem)
         } else {
-            format!("{path}: {text}")
+            Invalid::new(path, problem)
         }
     })?;
     de.end()
-        .map_err(|e| format!("body: {}", clean(e.to_string())))?;
+        .map_err(|e| Invalid::new("body", clean(e.to_string())))?;
     Ok(value)
 }
 
@@ -69,12 +91,12 @@ mod tests {
             br#"{"endpoint": "a", "ttl": "100000000h", "reason": "r"}"#,
         )
         .unwrap_err();
-        assert!(err.starts_with("ttl: "), "{err}");
+        assert_eq!(err.field, "ttl", "{err}");
         let err = super::from_json::<admin::BlockRequest>(b"{ nope").unwrap_err();
-        assert!(err.starts_with("body: "), "{err}");
+        assert_eq!(err.field, "body", "{err}");
         let err = super::from_json::<admin::BlockRequest>(br#"{"endpoint": "a", "reason": "r"} x"#)
             .unwrap_err();
-        assert!(err.starts_with("body: trailing"), "{err}");
+        assert!(err.to_string().starts_with("body: trailing"), "{err}");
     }
 
     use super::*;

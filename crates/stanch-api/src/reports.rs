@@ -57,36 +57,45 @@ pub const MAX_REPORT_COUNT: u64 = 1_000_000_000;
 
 impl ReportBatch {
     /// Checks a report from the wire; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::Invalid> {
+        use crate::Invalid;
         if self.gateway.trim().is_empty() || self.gateway.len() > 128 {
-            return Err("gateway: 1 to 128 characters".into());
+            return Err(Invalid::new("gateway", "1 to 128 characters"));
         }
         if self.endpoints.len() > MAX_REPORT_ENDPOINTS {
-            return Err(format!("endpoints: at most {MAX_REPORT_ENDPOINTS}"));
+            return Err(Invalid::new(
+                "endpoints",
+                format!("at most {MAX_REPORT_ENDPOINTS}"),
+            ));
         }
         for (i, e) in self.endpoints.iter().enumerate() {
             if !crate::routes::valid_endpoint(&e.endpoint) {
-                return Err(format!(
-                    "endpoints[{i}].endpoint: 1 to {} bytes, no control characters",
-                    crate::routes::MAX_ENDPOINT_BYTES
+                return Err(Invalid::new(
+                    format!("endpoints[{i}].endpoint"),
+                    format!(
+                        "1 to {} bytes, no control characters",
+                        crate::routes::MAX_ENDPOINT_BYTES
+                    ),
                 ));
             }
             if e.model.trim().is_empty() || e.model.len() > crate::routes::MAX_MODEL_BYTES {
-                return Err(format!(
-                    "endpoints[{i}].model: 1 to {} bytes",
-                    crate::routes::MAX_MODEL_BYTES
+                return Err(Invalid::new(
+                    format!("endpoints[{i}].model"),
+                    format!("1 to {} bytes", crate::routes::MAX_MODEL_BYTES),
                 ));
             }
             for (field, n) in [("successes", e.successes), ("failures", e.failures)] {
                 if n > MAX_REPORT_COUNT {
-                    return Err(format!(
-                        "endpoints[{i}].{field}: at most {MAX_REPORT_COUNT}"
+                    return Err(Invalid::new(
+                        format!("endpoints[{i}].{field}"),
+                        format!("at most {MAX_REPORT_COUNT}"),
                     ));
                 }
             }
             if u64::from(e.consecutive_failures) > MAX_REPORT_COUNT {
-                return Err(format!(
-                    "endpoints[{i}].consecutive_failures: at most {MAX_REPORT_COUNT}"
+                return Err(Invalid::new(
+                    format!("endpoints[{i}].consecutive_failures"),
+                    format!("at most {MAX_REPORT_COUNT}"),
                 ));
             }
         }

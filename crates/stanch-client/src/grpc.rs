@@ -17,9 +17,8 @@ use crate::{HEARTBEAT_BOUNDS, MAX_EVENT_BYTES, WatchConfig, WatchError, Watcher}
 
 /// A channel to the controller, connected when first used and again whenever the
 /// connection breaks. `Err` says why the URL or the TLS settings are unusable.
-pub(crate) fn channel(config: &WatchConfig) -> Result<Channel, String> {
-    let mut endpoint = Endpoint::from_shared(config.url.clone())
-        .map_err(|e| format!("controller URL {:?}: {e}", config.url))?
+pub(crate) fn channel(config: &WatchConfig) -> Result<Channel, tonic::transport::Error> {
+    let mut endpoint = Endpoint::from_shared(config.url.clone())?
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
         // The controller's heartbeats tell a dead stream; HTTP/2 pings tell a dead
@@ -31,9 +30,7 @@ pub(crate) fn channel(config: &WatchConfig) -> Result<Channel, String> {
         if let Some(pem) = &config.ca_pem {
             tls = tls.ca_certificate(Certificate::from_pem(pem));
         }
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|e| format!("TLS settings: {e}"))?;
+        endpoint = endpoint.tls_config(tls)?;
     }
     Ok(endpoint.connect_lazy())
 }
@@ -46,7 +43,7 @@ fn bearer(
 ) -> Result<tonic::metadata::MetadataValue<tonic::metadata::Ascii>, WatchError> {
     let mut value: tonic::metadata::MetadataValue<_> = format!("Bearer {}", token.expose_secret())
         .parse()
-        .map_err(|_| WatchError::Grpc("the token is not a valid header value".into()))?;
+        .map_err(|_| WatchError::Token)?;
     value.set_sensitive(true);
     Ok(value)
 }
@@ -159,7 +156,7 @@ fn request(kind: watch_request::Kind) -> v1::WatchRequest {
 
 /// A status that ended a stream, as a watch error.
 fn status(s: tonic::Status) -> WatchError {
-    WatchError::Grpc(format!("{:?}: {}", s.code(), s.message()))
+    WatchError::Grpc(Box::new(s))
 }
 
 #[cfg(test)]

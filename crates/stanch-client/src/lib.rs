@@ -28,6 +28,7 @@ use futures_util::StreamExt;
 use secrecy::{ExposeSecret, SecretString};
 use stanch_api::RouteTable;
 use stanch_api::headers::{APPLIED_VERSION, GATEWAY_ID, REJECTED_REASON, REJECTED_VERSION};
+use stanch_log::Sources;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -90,8 +91,9 @@ impl WatchConfig {
     }
 }
 
-/// Decides whether the gateway can apply a table; `Err` says why not (sent as a NACK).
-pub type Validator = Arc<dyn Fn(&RouteTable) -> Result<(), String> + Send + Sync>;
+/// Decides whether the gateway can apply a table; `Err` names the field it cannot
+/// apply and why (sent to the controller as a NACK).
+pub type Validator = Arc<dyn Fn(&RouteTable) -> Result<(), stanch_api::Invalid> + Send + Sync>;
 
 /// The route table as the gateway sees it: always available, never blocking.
 #[derive(Clone)]
@@ -157,14 +159,20 @@ enum WatchError {
     Request(#[from] reqwest::Error),
     #[error("the controller answered {0}")]
     Status(reqwest::StatusCode),
-    #[error("the controller sent an unreadable table: {0}")]
-    Table(String),
+    #[error("the controller sent an unreadable table")]
+    Table(#[source] serde_json::Error),
+    #[error("the controller sent an event longer than {MAX_EVENT_BYTES} bytes")]
+    TooLong,
     #[error("the stream ended")]
     Ended,
     #[error("the controller was silent for {0:?}: the connection is taken for dead")]
     Silent(Duration),
-    #[error("gRPC: {0}")]
-    Grpc(String),
+    #[error("the gRPC stream ended with {:?}: {}", .0.code(), .0.message())]
+    Grpc(Box<tonic::Status>),
+    #[error("the controller's URL or TLS settings cannot be used for gRPC")]
+    GrpcSetup(#[source] tonic::transport::Error),
+    #[error("the token is not a valid header value")]
+    Token,
 }
 
 /// The most a long-poll may go unanswered past its wait before it is dropped.
@@ -265,7 +273,7 @@ impl Applier {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    warn!(path = %path.display(), error = %e, "last-known-good route table unreadable; ignoring it")
+                    warn!(path = %path.display(), error = %e, source = %Sources(&e), "last-known-good route table unreadable; ignoring it")
                 }
             }
         }
@@ -298,7 +306,7 @@ impl Applier {
             && let Err(why) = validate(&table)
         {
             warn!(version = table.version, reason = %why, "route table refused");
-            self.refuse(table.version, table.epoch, why);
+            self.refuse(table.version, table.epoch, why.to_string());
             return false;
         }
         self.rejected = None;
@@ -316,11 +324,13 @@ impl Applier {
 
     /// Applies a table as JSON, or records why it cannot be read. `Err` only when not
     /// even its version can be read.
-    fn receive(&mut self, bytes: &[u8]) -> Result<bool, String> {
+    fn receive(&mut self, bytes: &[u8]) -> Result<bool, serde_json::Error> {
         match serde_json::from_slice::<RouteTable>(bytes) {
             Ok(table) => Ok(self.apply(table)),
             Err(e) => {
-                let id: TableId = serde_json::from_slice(bytes).map_err(|_| e.to_string())?;
+                let Ok(id) = serde_json::from_slice::<TableId>(bytes) else {
+                    return Err(e);
+                };
                 warn!(version = id.version, epoch = %id.epoch, error = %e, "route table unreadable; refused, the gateway keeps its current table");
                 self.refuse(id.version, id.epoch, format!("unreadable: {e}"));
                 Ok(false)
@@ -338,13 +348,15 @@ impl Applier {
     }
 }
 
-fn load(path: &Path) -> Result<Option<RouteTable>, String> {
+/// The table saved at `path`, `None` if there is none; a file that is not a table is
+/// `InvalidData`, with the parse error as its cause.
+fn load(path: &Path) -> std::io::Result<Option<RouteTable>> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e),
     }
 }
 
@@ -387,7 +399,7 @@ impl Watcher {
                 }
                 Err(e) => {
                     let wait = jitter(backoff);
-                    warn!(error = %e, retry_in = ?wait, "route watch interrupted; the gateway keeps its current table");
+                    warn!(error = %e, source = %Sources(&e), retry_in = ?wait, "route watch interrupted; the gateway keeps its current table");
                     tokio::time::sleep(wait).await;
                     backoff = (backoff * 2).min(self.config.backoff_max);
                 }
@@ -400,7 +412,7 @@ impl Watcher {
         let channel = match &self.grpc {
             Some(channel) => channel.clone(),
             None => {
-                let channel = grpc::channel(&self.config).map_err(WatchError::Grpc)?;
+                let channel = grpc::channel(&self.config).map_err(WatchError::GrpcSetup)?;
                 self.grpc = Some(channel.clone());
                 channel
             }
@@ -550,9 +562,7 @@ impl Watcher {
                     heard = tokio::time::Instant::now();
                     buf.extend_from_slice(&chunk);
                     if buf.len() > MAX_EVENT_BYTES {
-                        return Err(WatchError::Table(format!(
-                            "an event longer than {MAX_EVENT_BYTES} bytes"
-                        )));
+                        return Err(WatchError::TooLong);
                     }
                 }
                 Ok(Some(Err(e))) => return Err(e.into()),

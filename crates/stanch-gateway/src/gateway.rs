@@ -218,7 +218,10 @@ impl Gateway {
                 if let Some(faq) = &m.faq
                     && !faqs.contains(faq)
                 {
-                    return Err(format!("models.{name}.faq: unknown FAQ set {faq:?}"));
+                    return Err(stanch_api::Invalid::new(
+                        format!("models.{name}.faq"),
+                        format!("unknown FAQ set {faq:?}"),
+                    ));
                 }
             }
             Ok(())

@@ -30,14 +30,26 @@ pub enum Format {
     Json,
 }
 
-impl std::str::FromStr for Format {
-    type Err = String;
+/// A log format that is neither `text` nor `json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownFormat(String);
 
-    fn from_str(s: &str) -> Result<Format, String> {
+impl fmt::Display for UnknownFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "log format {:?}: text or json", self.0)
+    }
+}
+
+impl std::error::Error for UnknownFormat {}
+
+impl std::str::FromStr for Format {
+    type Err = UnknownFormat;
+
+    fn from_str(s: &str) -> Result<Format, UnknownFormat> {
         match s {
             "text" => Ok(Format::Text),
             "json" => Ok(Format::Json),
-            other => Err(format!("log format {other:?}: text or json")),
+            other => Err(UnknownFormat(other.to_owned())),
         }
     }
 }

@@ -79,10 +79,10 @@ pub enum ApiError {
 
 impl ApiError {
     /// A malformed payload.
-    pub fn invalid(detail: impl Into<String>) -> ApiError {
+    pub fn invalid(detail: impl std::fmt::Display) -> ApiError {
         ApiError::Invalid {
             kind: "invalid_payload",
-            detail: detail.into(),
+            detail: detail.to_string(),
         }
     }
 

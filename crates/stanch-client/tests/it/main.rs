@@ -177,7 +177,10 @@ async fn refuses_what_the_gateway_cannot_apply_and_says_why(transport: Transport
             .values()
             .find(|m| m.faq.as_deref() == Some("default"))
         {
-            Some(_) => Err("unknown FAQ set \"default\"".to_owned()),
+            Some(_) => Err(stanch_api::Invalid::new(
+                "models.m.faq",
+                "unknown FAQ set \"default\"",
+            )),
             None => Ok(()),
         }
     });
@@ -343,7 +346,10 @@ async fn a_gateway_follows_the_route_table_resource_by_the_watchs_rules() {
     // it does not know).
     let validator: stanch_client::Validator = Arc::new(|t: &stanch_api::RouteTable| {
         if t.version > 100 {
-            Err("too new for this gateway".into())
+            Err(stanch_api::Invalid::new(
+                "version",
+                "too new for this gateway",
+            ))
         } else {
             Ok(())
         }

@@ -58,7 +58,7 @@ async fn run(
 ) -> Result<(bool, Json<AdminResponse>), ApiError> {
     validate_reason(request.reason()).map_err(ApiError::invalid)?;
     let command = request.into_command();
-    check_command(&state.config.load(), &command).map_err(|e| ApiError::invalid(e.to_string()))?;
+    check_command(&state.config.load(), &command).map_err(ApiError::invalid)?;
     let applied = state.engine.apply(Input::Command { command }).await?;
     let changed = applied
         .decisions

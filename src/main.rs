@@ -254,6 +254,7 @@ fn open_file_limit() {
     }
 }
 
+// Size: the flags read and checked in the order `stanch serve --help` lists them.
 fn serve(args: ServeArgs) -> ExitCode {
     // Held to the end, so what is buffered is written out.
     let _logging = init_logging(args.log_format);
@@ -429,6 +430,7 @@ async fn cluster_store(
     Ok((election, tables))
 }
 
+// Size: the wiring of the ports' implementations, in the order they must start.
 async fn run(
     mut settings: Settings,
     listen: SocketAddr,

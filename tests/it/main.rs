@@ -16,4 +16,5 @@ mod kubernetes;
 mod process;
 mod proto;
 mod rules;
+mod sizes;
 mod ui;

@@ -302,6 +302,7 @@ fn keep_annotations(annotations: Labels) -> Labels {
     kept
 }
 
+// Size: one alert's checks in the order its fields come on the wire, each refusing with its path.
 fn parse_alert(
     index: usize,
     value: Value,

@@ -224,6 +224,7 @@ fn line(what: &str, samples: &[Duration]) -> String {
     )
 }
 
+// Size: a benchmark's script, start to finish, read top to bottom.
 pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let api = FakeApiServer::start().await;
     let dir = tempfile::tempdir()?;

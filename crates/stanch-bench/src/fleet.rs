@@ -10,6 +10,8 @@
 //!
 //! The benchmark raises its own file-descriptor limit (soft to hard) before it opens
 //! anything; the controller, its child, inherits it.
+//!
+//! Size: the fleet benchmark with its lean watchers and its report, kept together so that a change to what is measured is seen with how.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -507,6 +509,7 @@ fn summary(label: &str, sorted: &[Duration]) {
     );
 }
 
+// Size: a benchmark's script, start to finish, read top to bottom.
 pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
     let (before, after) =
         stanch_net::raise_open_file_limit().context("cannot raise the open-file limit")?;

@@ -1,6 +1,8 @@
 //! `stanch-bench gateway`: three mock upstreams, measured directly, through
 //! stanch-gateway, through a bare hyper proxy (the floor under the gateway's features)
 //! and through nginx, at the same concurrency; then one upstream turns to 503 mid-run.
+//!
+//! Size: the gateway benchmark with its load generator and its report, kept together so that a change to what is measured is seen with how.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -289,6 +291,7 @@ enum Pace {
 
 /// `connections` connections spread over `addrs`, sending at `pace` for `warmup` plus
 /// `measure`; latency is taken from the moment each request is written.
+// Size: the load loop and its measurements, in one place so that its cost is seen.
 async fn load(
     addrs: &[String],
     body: &'static str,
@@ -501,6 +504,7 @@ fn nginx_conf(dir: &Path, listen: u16, upstreams: &[String], stream: bool, logs:
 }
 
 /// Runs the benchmark and prints its numbers.
+// Size: a benchmark's script, start to finish, read top to bottom.
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     std::fs::set_permissions(

@@ -352,6 +352,7 @@ fn show(d: Duration) -> String {
     }
 }
 
+// Size: a benchmark's script, start to finish, read top to bottom.
 async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let server = Server::start(&args.stanch).await?;
     let http = reqwest::Client::builder()

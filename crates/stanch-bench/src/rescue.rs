@@ -342,6 +342,7 @@ pub async fn run(args: RescueArgs) -> anyhow::Result<()> {
 }
 
 /// The phases of whole answers at a model's only endpoint.
+// Size: the suite's phases in order, as its report lists them.
 async fn whole_phases(args: &RescueArgs, dir: &Path, http: &reqwest::Client) -> anyhow::Result<()> {
     let mut procs = Vec::new();
     let mut mocks = Vec::new();

@@ -343,6 +343,7 @@ fn or_all(model: &Option<String>) -> &str {
 }
 
 impl fmt::Display for Decision {
+    // Size: one arm per kind of decision, each its line of the audit trail.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Decision::AlertActive {

@@ -213,6 +213,8 @@ pub(crate) struct Ctx<'a> {
 }
 
 /// Moves one model per its plan, recording what it did in `out`.
+// Size: the ladder's rules in the order they apply: clear times, a force, a freeze,
+// escalation with backoff, one step down when due, the wake-up, the reason, the pin.
 pub(crate) fn evaluate(
     st: &mut ModelState,
     frozen_by: Option<&str>,

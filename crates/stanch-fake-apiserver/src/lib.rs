@@ -37,6 +37,8 @@
 //! only (in lists), no field selectors; one API version per group; and
 //! [`FakeApiServer::set_down`] stands in for an API server that is unreachable (it
 //! answers `503`, where a real outage is a refused or hanging connection).
+//!
+//! Size: one API server: its store, its verbs and its watch share the same revision counter and are read together.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};

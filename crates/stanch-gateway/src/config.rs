@@ -1,6 +1,8 @@
 //! The gateway's configuration: models, pools, endpoints, tenants, FAQ sets, and the
 //! policies for timeouts, retries and blocking. Validated like the controller's: every
 //! problem is reported with its path.
+//!
+//! Size: the whole configuration reference: each section a type with its defaults and checks, read beside docs/configuration.md.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -668,6 +670,7 @@ impl GatewayConfig {
     }
 
     /// Retries, blocking, sizes, timeouts and the controller's URL.
+    // Size: one check per limit, in the order of the configuration reference.
     fn validate_limits(&self, mut problem: impl FnMut(String, String)) {
         let r = &self.retry;
         if r.max_attempts == 0 || r.attempts_per_pool == 0 {

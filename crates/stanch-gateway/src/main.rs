@@ -94,6 +94,7 @@ fn main() -> ExitCode {
 }
 
 /// Runs the gateway on (the callers' address, the status listener's, if apart).
+// Size: the gateway's wiring, in the order its parts must start.
 async fn run(
     config: GatewayConfig,
     (listen, status_listen): (SocketAddr, Option<SocketAddr>),

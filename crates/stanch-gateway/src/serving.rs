@@ -32,6 +32,7 @@ use crate::stream::continuation::Attempted;
 
 /// Serves the request from `targets`, the plan of the model that serves it
 /// ([`crate::route`]), and answers it.
+// Size: one loop over the plan whose state (tried, budget, deadline, hedge) every branch shares.
 pub(crate) async fn serve<'g>(ctx: &mut Ctx<'g>, mut targets: Vec<Target<'g>>) -> Response {
     let gw = ctx.gw;
     let model = ctx.serving;

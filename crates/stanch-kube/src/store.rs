@@ -35,6 +35,8 @@
 //!
 //! **Followers.** [`StateStore::look`] reads what the leader wrote, without writing:
 //! a follower replays it to serve the leader's table.
+//!
+//! Size: the store's layout, its writes and their settlement are one protocol, read together.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -236,6 +236,7 @@ pub(crate) async fn completions(
     with_instance(&mock, &headers, response)
 }
 
+// Size: one arm per fault the mock can play, as docs/gateway.md lists them.
 async fn generate(mock: &Mock, headers: &HeaderMap, raw: &[u8], kind: Kind) -> Response {
     let route = if kind == Kind::Chat {
         "chat"
@@ -412,6 +413,7 @@ impl Drop for Running {
     }
 }
 
+// Size: one arm per fault the mock can play mid-stream, as docs/gateway.md lists them.
 fn streamed(
     mock: &Mock,
     kind: Kind,

@@ -109,6 +109,7 @@ impl ApiError {
 pub const LEADER: &str = "x-stanch-leader";
 
 impl IntoResponse for ApiError {
+    // Size: one arm per error, each its status, code and headers.
     fn into_response(self) -> Response {
         let status = match &self {
             ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,

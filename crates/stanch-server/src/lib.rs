@@ -160,6 +160,7 @@ pub enum ConfigureError {
 
 impl Controller {
     /// Starts the controller on a bound listener.
+    // Size: the controller's wiring: each part built and started in order, once.
     pub async fn start(
         settings: Settings,
         listener: TcpListener,

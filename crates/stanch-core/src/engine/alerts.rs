@@ -9,129 +9,170 @@ use stanch_api::{Fingerprint, Timestamp};
 use super::Engine;
 use super::overflow::Overflowed;
 use crate::decision::{Decision, ResolvedBy};
+use crate::mapping::Condition;
 use crate::state::{AlertRecord, Tombstone};
 
 impl Engine {
     pub(super) fn receive(
         &mut self,
+        alert: IncomingAlert,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+    ) {
+        match alert.status {
+            AlertStatus::Firing => self.firing(alert, now, out),
+            AlertStatus::Resolved => self.resolved(&alert, now, out),
+        }
+    }
+
+    /// A firing notification: a new alert taken in within the limits, a known one
+    /// refreshed, a late repeat of a resolved one ignored.
+    fn firing(&mut self, mut alert: IncomingAlert, now: Timestamp, out: &mut Vec<Decision>) {
+        let fp = alert.fingerprint;
+        if let Some(t) = self.state.tombstones.get(&fp)
+            && t.starts_at >= alert.starts_at
+        {
+            out.push(Decision::AlertIgnored {
+                fingerprint: fp,
+                why: format!(
+                    "already resolved at {}; a late or repeated firing notification",
+                    t.resolved_at
+                ),
+            });
+            return;
+        }
+        if alert.source == AlertSource::Prometheus && alert.ends_at.is_none() {
+            alert.ends_at = Some(now + self.config.alerts.resolve_timeout.0);
+        }
+        let bytes = alert.held_bytes();
+        let held_before = self.state.alerts.get(&fp).map(|r| r.alert.held_bytes());
+        let grows = held_before.map_or(0, |was| bytes.saturating_sub(was));
+        if grows > 0 && self.alert_bytes + grows > self.config.alerts.max_bytes {
+            // A refresh that would pass alerts.max_bytes: still firing, so still
+            // held, with its last content.
+            if let Some(record) = self.state.alerts.get_mut(&fp) {
+                record.received_at = now;
+            }
+            return self.refuse(&alert);
+        }
+        match held_before {
+            Some(was) => self.refresh(alert, was, now, out),
+            None => self.take_in(alert, bytes, now, out),
+        }
+    }
+
+    /// A known alert again: the earliest start kept, the newest content taken; a new
+    /// decision only if what it means changed.
+    fn refresh(
+        &mut self,
         mut alert: IncomingAlert,
+        held_before: usize,
         now: Timestamp,
         out: &mut Vec<Decision>,
     ) {
         let fp = alert.fingerprint;
-        match alert.status {
-            AlertStatus::Firing => {
-                if let Some(t) = self.state.tombstones.get(&fp)
-                    && t.starts_at >= alert.starts_at
-                {
-                    out.push(Decision::AlertIgnored {
-                        fingerprint: fp,
-                        why: format!(
-                            "already resolved at {}; a late or repeated firing notification",
-                            t.resolved_at
-                        ),
-                    });
-                    return;
-                }
-                if alert.source == AlertSource::Prometheus && alert.ends_at.is_none() {
-                    alert.ends_at = Some(now + self.config.alerts.resolve_timeout.0);
-                }
-                let mapped = self.mapper.map(&alert.labels);
-                let (condition, unmapped) = match mapped {
-                    Ok(c) => (Some(c), None),
-                    Err(u) => (None, Some(u.0)),
-                };
-                let bytes = alert.held_bytes();
-                let held_before = self.state.alerts.get(&fp).map(|r| r.alert.held_bytes());
-                let grows = held_before.map_or(0, |was| bytes.saturating_sub(was));
-                if grows > 0 && self.alert_bytes + grows > self.config.alerts.max_bytes {
-                    // A refresh that would pass alerts.max_bytes: still firing, so
-                    // still held, with its last content.
-                    if let Some(record) = self.state.alerts.get_mut(&fp) {
-                        record.received_at = now;
-                    }
-                    return self.refuse(&alert);
-                }
-                match self.state.alerts.get_mut(&fp) {
-                    Some(record) => {
-                        let meaning_changed = record.condition != condition;
-                        // A refresh: keep the earliest start, take the newest end.
-                        alert.starts_at = alert.starts_at.min(record.alert.starts_at);
-                        self.alert_bytes = self.alert_bytes + bytes - held_before.unwrap_or(0);
-                        record.alert = alert;
-                        record.received_at = now;
-                        if meaning_changed {
-                            record.condition.clone_from(&condition);
-                            record.unmapped.clone_from(&unmapped);
-                            record.block_applied = false;
-                            out.push(Decision::AlertActive {
-                                fingerprint: fp,
-                                alertname: record.alertname().map(str::to_owned),
-                                condition,
-                                unmapped,
-                            });
-                        }
-                    }
-                    None => {
-                        if !self.make_room(&alert, bytes, condition.is_some()) {
-                            // Its tombstone, if any, stays: a late duplicate of an
-                            // earlier firing is still recognised.
-                            return self.refuse(&alert);
-                        }
-                        self.state.tombstones.remove(&fp);
-                        if condition.is_none() {
-                            // One to drop, should the engine fill up again this step.
-                            self.overflow.none_unmapped = false;
-                        }
-                        self.alert_bytes += bytes;
-                        let record = AlertRecord {
-                            alert,
-                            condition: condition.clone(),
-                            unmapped: unmapped.clone(),
-                            received_at: now,
-                            block_applied: false,
-                        };
-                        out.push(Decision::AlertActive {
-                            fingerprint: fp,
-                            alertname: record.alertname().map(str::to_owned),
-                            condition,
-                            unmapped,
-                        });
-                        self.state.alerts.insert(fp, record);
-                    }
+        let (condition, unmapped) = self.meaning(&alert);
+        let bytes = alert.held_bytes();
+        let Some(record) = self.state.alerts.get_mut(&fp) else {
+            return;
+        };
+        let meaning_changed = record.condition != condition;
+        alert.starts_at = alert.starts_at.min(record.alert.starts_at);
+        self.alert_bytes = self.alert_bytes + bytes - held_before;
+        record.alert = alert;
+        record.received_at = now;
+        if meaning_changed {
+            record.condition.clone_from(&condition);
+            record.unmapped.clone_from(&unmapped);
+            record.block_applied = false;
+            out.push(Decision::AlertActive {
+                fingerprint: fp,
+                alertname: record.alertname().map(str::to_owned),
+                condition,
+                unmapped,
+            });
+        }
+    }
+
+    /// A new alert, if the limits make room for it.
+    fn take_in(
+        &mut self,
+        alert: IncomingAlert,
+        bytes: usize,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+    ) {
+        let fp = alert.fingerprint;
+        let (condition, unmapped) = self.meaning(&alert);
+        if !self.make_room(&alert, bytes, condition.is_some()) {
+            // Its tombstone, if any, stays: a late duplicate of an earlier firing is
+            // still recognised.
+            return self.refuse(&alert);
+        }
+        self.state.tombstones.remove(&fp);
+        if condition.is_none() {
+            // One to drop, should the engine fill up again this step.
+            self.overflow.none_unmapped = false;
+        }
+        self.alert_bytes += bytes;
+        let record = AlertRecord {
+            alert,
+            condition: condition.clone(),
+            unmapped: unmapped.clone(),
+            received_at: now,
+            block_applied: false,
+        };
+        out.push(Decision::AlertActive {
+            fingerprint: fp,
+            alertname: record.alertname().map(str::to_owned),
+            condition,
+            unmapped,
+        });
+        self.state.alerts.insert(fp, record);
+    }
+
+    /// What `alert` means under the mapping rules: a condition, or why it has none.
+    fn meaning(&self, alert: &IncomingAlert) -> (Option<Condition>, Option<String>) {
+        match self.mapper.map(&alert.labels) {
+            Ok(c) => (Some(c), None),
+            Err(u) => (None, Some(u.0)),
+        }
+    }
+
+    /// A resolved notification: the alert resolved, unless the notification is of an
+    /// older instance; for an alert not held, a tombstone, so that a late firing of
+    /// the same instance is recognised.
+    fn resolved(&mut self, alert: &IncomingAlert, now: Timestamp, out: &mut Vec<Decision>) {
+        let fp = alert.fingerprint;
+        match self.state.alerts.get(&fp) {
+            // Alertmanager merges overlapping alerts, so a genuine resolution may carry
+            // an earlier startsAt; only one that ended before the current instance
+            // began belongs to an older instance.
+            Some(record)
+                if alert
+                    .ends_at
+                    .is_some_and(|end| end < record.alert.starts_at) =>
+            {
+                out.push(Decision::AlertIgnored {
+                    fingerprint: fp,
+                    why: "resolution of an older instance of an alert that fired again".to_owned(),
+                });
+            }
+            Some(_) => self.resolve(fp, ResolvedBy::Notification, now, out),
+            None => {
+                let newer = self
+                    .state
+                    .tombstones
+                    .get(&fp)
+                    .is_none_or(|t| t.starts_at <= alert.starts_at);
+                if newer {
+                    let tomb = Tombstone {
+                        starts_at: alert.starts_at,
+                        resolved_at: now,
+                    };
+                    self.state.tombstones.insert(fp, tomb);
                 }
             }
-            AlertStatus::Resolved => match self.state.alerts.get(&fp) {
-                // Alertmanager merges overlapping alerts, so a genuine resolution may
-                // carry an earlier startsAt; only one that ended before the current
-                // instance began belongs to an older instance.
-                Some(record)
-                    if alert
-                        .ends_at
-                        .is_some_and(|end| end < record.alert.starts_at) =>
-                {
-                    out.push(Decision::AlertIgnored {
-                        fingerprint: fp,
-                        why: "resolution of an older instance of an alert that fired again"
-                            .to_owned(),
-                    });
-                }
-                Some(_) => self.resolve(fp, ResolvedBy::Notification, now, out),
-                None => {
-                    let newer = self
-                        .state
-                        .tombstones
-                        .get(&fp)
-                        .is_none_or(|t| t.starts_at <= alert.starts_at);
-                    if newer {
-                        let tomb = Tombstone {
-                            starts_at: alert.starts_at,
-                            resolved_at: now,
-                        };
-                        self.state.tombstones.insert(fp, tomb);
-                    }
-                }
-            },
         }
     }
 

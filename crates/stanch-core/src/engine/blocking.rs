@@ -28,6 +28,8 @@ impl Engine {
         }
     }
 
+    // Size: expired blocks ended (or extended while their alert fires), then the
+    // alerts' pending blocks applied: one pass, in that order.
     pub(super) fn evaluate_blocks(&mut self, now: Timestamp, out: &mut Vec<Decision>) {
         let expired: Vec<BlockKey> = self
             .state

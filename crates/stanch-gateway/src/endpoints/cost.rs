@@ -128,7 +128,7 @@ impl Endpoint {
     }
 }
 
-/// An endpoint's state as [`choose`] sees it.
+/// An endpoint's state as [`choose`](super::choose) sees it.
 pub(super) struct Look {
     pub(super) blocked: bool,
     pub(super) suspect_busy: bool,

@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
+use stanch_testkit::files::rust_sources;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -63,9 +64,7 @@ impl Index {
         index.defined.insert("stanch".into());
         for krate in crates {
             for sub in ["src", "tests"] {
-                let mut files = Vec::new();
-                walk(&krate.join(sub), &mut files);
-                for file in files {
+                for file in rust_sources(&krate.join(sub), true) {
                     let text = std::fs::read_to_string(&file).unwrap();
                     let names = item
                         .captures_iter(&text)
@@ -87,20 +86,6 @@ impl Index {
             }
         }
         index
-    }
-}
-
-fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            walk(&path, files);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            files.push(path);
-        }
     }
 }
 

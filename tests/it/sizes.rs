@@ -4,29 +4,14 @@
 //! its module documentation's lines) says why. Test modules (`tests.rs`, `tests/`,
 //! `#[cfg(test)] mod tests`) are not counted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use regex::Regex;
+use stanch_testkit::files::rust_sources;
 
 const MAX_FILE_LINES: usize = 600;
 const MAX_FN_LINES: usize = 80;
 const REASON: &str = "// Size:";
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs")
-            && path.file_name().is_some_and(|n| n != "tests.rs")
-        {
-            out.push(path);
-        }
-    }
-}
 
 /// The lines of `text` before its test module, if it has one inline.
 fn without_tests(text: &str) -> Vec<&str> {
@@ -93,10 +78,9 @@ fn long_functions(file: &Path, lines: &[&str]) -> Vec<String> {
 }
 
 fn problems(root: &Path) -> Vec<String> {
-    let mut files = Vec::new();
-    sources(&root.join("src"), &mut files);
+    let mut files = rust_sources(&root.join("src"), false);
     for entry in std::fs::read_dir(root.join("crates")).unwrap() {
-        sources(&entry.unwrap().path().join("src"), &mut files);
+        files.extend(rust_sources(&entry.unwrap().path().join("src"), false));
     }
     let mut problems = Vec::new();
     for file in files {

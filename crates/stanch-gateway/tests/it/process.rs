@@ -3,6 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use stanch_testkit::net::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
@@ -28,14 +29,6 @@ fn one_model(dir: &std::path::Path, up: &Upstream) -> std::path::PathBuf {
     )
     .unwrap();
     config
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use stanch_testkit::net::{self, answer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -15,25 +15,11 @@ timeouts: {body: 500ms}\nbody_min_rate: 1048576\nmax_partial_body_bytes: 204800\
 
 /// Sends a request head promising `length` bytes and the first `sent` of them.
 async fn partial(base: &str, length: usize, sent: usize) -> TcpStream {
-    let mut s = TcpStream::connect(base.trim_start_matches("http://"))
-        .await
-        .unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
          content-length: {length}\r\n\r\n"
     );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(&vec![b' '; sent]).await.unwrap();
-    s
-}
-
-async fn answer(mut s: TcpStream, within: Duration) -> String {
-    let mut out = Vec::new();
-    tokio::time::timeout(within, s.read_to_end(&mut out))
-        .await
-        .expect("the gateway answered and closed in time")
-        .unwrap();
-    String::from_utf8_lossy(&out).into_owned()
+    net::partial(base, &head, sent).await
 }
 
 #[tokio::test]

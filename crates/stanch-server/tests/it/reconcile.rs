@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use stanch_api::HumanDuration;
 use stanch_server::config::{AlertmanagerConfig, ServerConfig};
+use stanch_testkit::net::free_port;
 
 use crate::intake::wait_for;
 use crate::support::*;
@@ -28,14 +29,6 @@ fn alertmanager_bin() -> PathBuf {
     panic!(
         "Alertmanager not found: run scripts/install-test-deps.sh (or set STANCH_ALERTMANAGER_BIN)"
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Alertmanager {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use stanch_testkit::net::{self, answer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -21,24 +21,11 @@ fn server() -> ServerConfig {
 
 /// Sends a request head promising `length` bytes and the first `sent` of them.
 async fn partial(addr: &str, length: usize, sent: usize) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
     let head = format!(
         "POST /v1/alerts/alertmanager HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {INGEST}\r\n\
          content-type: application/json\r\ncontent-length: {length}\r\n\r\n"
     );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(&vec![b' '; sent]).await.unwrap();
-    s
-}
-
-/// Reads what the server sends until it closes, within `within`.
-async fn answer(mut s: TcpStream, within: Duration) -> String {
-    let mut out = Vec::new();
-    tokio::time::timeout(within, s.read_to_end(&mut out))
-        .await
-        .expect("the server answered and closed in time")
-        .unwrap();
-    String::from_utf8_lossy(&out).into_owned()
+    net::partial(addr, &head, sent).await
 }
 
 #[tokio::test]

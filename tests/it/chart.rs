@@ -970,7 +970,9 @@ fn walk(
 /// equal: nothing missing, nothing spare.
 #[test]
 fn the_role_grants_exactly_what_the_controller_uses() {
-    use crate::ha::{Replica, eventually, holder, kubeconfig};
+    use stanch_testkit::wait::blocking::until_some;
+
+    use crate::ha::{Replica, holder, kubeconfig};
     use std::time::Duration;
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -1002,26 +1004,26 @@ fn the_role_grants_exactly_what_the_controller_uses() {
     let state = |api: &stanch_fake_apiserver::FakeApiServer| api.names("api/v1", "configmaps", NS);
     let until_exit = |replica: &mut Replica| {
         replica.signal("-TERM");
-        eventually(Duration::from_secs(20), "the replica exits", || {
+        until_some("the replica exits", Duration::from_secs(20), || {
             replica.child.try_wait().unwrap()
         });
     };
 
     for (round, alert) in [(0, 1), (1, 2)] {
         let mut replica = Replica::start_with("stanch-0", &kubeconfig, &args);
-        eventually(Duration::from_secs(15), "the Lease taken", || {
+        until_some("the Lease taken", Duration::from_secs(15), || {
             (holder(&api).as_deref() == Some("stanch-0")).then_some(())
         });
-        eventually(Duration::from_secs(10), "the alert taken", || {
+        until_some("the alert taken", Duration::from_secs(10), || {
             replica
                 .post_alert(alert)
                 .status()
                 .is_success()
                 .then_some(())
         });
-        eventually(
-            Duration::from_secs(10),
+        until_some(
             "the route table, status and Event",
+            Duration::from_secs(10),
             || {
                 let table = api.object(
                     "apis/stanch.dev/v1alpha1",
@@ -1052,9 +1054,9 @@ fn the_role_grants_exactly_what_the_controller_uses() {
             .unwrap();
     });
     let mut replica = Replica::start_with("stanch-0", &kubeconfig, &args);
-    eventually(
-        Duration::from_secs(15),
+    until_some(
         "the unreadable state moved aside",
+        Duration::from_secs(15),
         || {
             state(&api)
                 .iter()

@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::ha::eventually;
+use stanch_testkit::wait::blocking::until_some;
 
 fn stanch() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stanch"))
@@ -148,7 +148,7 @@ fn sighup_reloads_the_policy_and_an_invalid_file_changes_nothing() {
         assert!(sent.success());
     };
     let models = |port| routes(port).map(|r| r["models"].as_object().unwrap().len());
-    eventually(Duration::from_secs(10), "the controller serves", || {
+    until_some("the controller serves", Duration::from_secs(10), || {
         (models(port) == Some(1)).then_some(())
     });
 
@@ -158,7 +158,7 @@ fn sighup_reloads_the_policy_and_an_invalid_file_changes_nothing() {
         &format!("{one}  qwen-14b: {{pools: [dc-a]}}\n"),
     );
     hup(&child);
-    eventually(Duration::from_secs(10), "the new model is served", || {
+    until_some("the new model is served", Duration::from_secs(10), || {
         (models(port) == Some(2)).then_some(())
     });
     let version = routes(port).unwrap()["version"].clone();

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -16,6 +16,9 @@ use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
 use stanch_ports::clock::SystemClock;
+use stanch_testkit::http::Fetch;
+use stanch_testkit::net::free_port as port;
+use stanch_testkit::process::Running;
 use tokio::time::Instant;
 
 const INGEST: &str = "e2e-ingest";
@@ -34,37 +37,9 @@ pub(crate) fn bin(names: &[&str]) -> PathBuf {
     panic!("{} not found: run scripts/install-test-deps.sh", names[0]);
 }
 
-pub(crate) fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// Waits for `url` to answer 200: a process started by the closed loop.
 async fn ready(url: &str) {
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    for _ in 0..300 {
-        if http
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{url} not ready");
+    stanch_testkit::http::ready(url, Duration::from_secs(15)).await;
 }
 
 /// The rules of rules/, with windows and holds shortened for a test's time scale.
@@ -133,11 +108,11 @@ impl Timeline {
 }
 
 struct Loop {
-    _procs: Vec<Proc>,
+    _procs: Vec<Running>,
     dir: tempfile::TempDir,
     controller: String,
     controller_port: u16,
-    controller_proc: Option<Proc>,
+    controller_proc: Option<Running>,
     gateways: Vec<(String, Arc<Gateway>)>,
     mocks: Vec<(String, Mock)>,
     prometheus: String,
@@ -154,9 +129,9 @@ ladder:
   flap: {max_transitions: 2, window: 1m, hold: 1m}
 ";
 
-fn start_controller(dir: &Path, port: u16) -> Proc {
+fn start_controller(dir: &Path, port: u16) -> Running {
     std::fs::write(dir.join("stanch.yaml"), CONTROLLER_CONFIG).unwrap();
-    Proc(
+    Running::spawn(
         Command::new(env!("CARGO_BIN_EXE_stanch"))
             .args([
                 "serve",
@@ -172,9 +147,7 @@ fn start_controller(dir: &Path, port: u16) -> Proc {
             .env_remove("STANCH_READ_TOKEN")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     )
 }
 
@@ -245,7 +218,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
          receivers:\n  - name: stanch\n    webhook_configs:\n      - url: '{controller}/v1/alerts/alertmanager'\n        send_resolved: true\n        http_config: {{authorization: {{type: Bearer, credentials: {INGEST}}}}}\n"
     );
     std::fs::write(dir.path().join("am.yml"), am_config).unwrap();
-    procs.push(Proc(
+    procs.push(Running::spawn(
         Command::new(bin(&["prometheus-alertmanager", "alertmanager"]))
             .arg(format!(
                 "--config.file={}",
@@ -258,9 +231,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
             .arg(format!("--web.listen-address=127.0.0.1:{am_port}"))
             .arg("--cluster.listen-address=")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     ));
     ready(&format!("http://127.0.0.1:{am_port}/-/ready")).await;
 
@@ -283,7 +254,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
         targets(mocks.iter().map(|(b, _)| b.as_str()).collect()),
     );
     std::fs::write(dir.path().join("prom.yml"), prom_config).unwrap();
-    procs.push(Proc(
+    procs.push(Running::spawn(
         Command::new(bin(&["prometheus"]))
             .arg(format!(
                 "--config.file={}",
@@ -295,9 +266,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     ));
     ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await;
     Loop {
@@ -349,13 +318,12 @@ impl Loop {
                 .unwrap_or_default();
             counts.len() == targets && counts.iter().all(|c| *c >= samples)
         };
-        for _ in 0..300 {
-            if enough().await {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("Prometheus did not scrape every target {samples} times in 30 s");
+        stanch_testkit::wait::until(
+            &format!("Prometheus scraping every target {samples} times"),
+            Duration::from_secs(30),
+            enough,
+        )
+        .await;
     }
 
     /// The controller's audit history, with a query string.
@@ -504,30 +472,25 @@ async fn a_failing_datacenter_moves_every_gateway_to_the_other() {
         "callers never saw the failure: gateways retried elsewhere"
     );
     // The controller knows both applied the decision, each over its own transport.
-    let mut converged = None;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while converged.is_none() && Instant::now() < deadline {
-        let url = format!("{}/v1/status", lp.controller);
-        let status: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
-        let gateways = status["gateways"].as_array().cloned().unwrap_or_default();
-        let holds = |id: &str, transport: &str| {
-            gateways.iter().any(|g| {
-                g["id"] == id
-                    && g["transport"] == transport
-                    && g["converged"] == true
-                    && g["connected"] == true
-            })
-        };
-        if holds("gw-1", "sse") && holds("gw-2", "grpc") {
-            converged = Some(status);
-        } else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    assert!(
-        converged.is_some(),
-        "both gateways acknowledged over SSE and gRPC"
-    );
+    let status = format!("{}/v1/status", lp.controller);
+    stanch_testkit::wait::until(
+        "both gateways acknowledged over SSE and gRPC",
+        Duration::from_secs(5),
+        || async {
+            let status: Value = reqwest::get(&status).await.unwrap().json().await.unwrap();
+            let gateways = status["gateways"].as_array().cloned().unwrap_or_default();
+            let holds = |id: &str, transport: &str| {
+                gateways.iter().any(|g| {
+                    g["id"] == id
+                        && g["transport"] == transport
+                        && g["converged"] == true
+                        && g["connected"] == true
+                })
+            };
+            holds("gw-1", "sse") && holds("gw-2", "grpc")
+        },
+    )
+    .await;
 }
 
 async fn chat_as(base: &str, key: &str) -> (u16, Value, reqwest::header::HeaderMap) {
@@ -1164,12 +1127,8 @@ async fn every_dashboard_query_returns_data_in_an_incident() {
             let v: Value = http
                 .get(url)
                 .query(&[("query", q.as_str())])
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+                .fetch_json()
+                .await;
             v
         }
     };
@@ -1186,7 +1145,7 @@ async fn every_dashboard_query_returns_data_in_an_incident() {
 
     let api = |path: &'static str| {
         let request = http.get(format!("{}/api/v1/{path}", lp.prometheus));
-        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+        async move { request.fetch_json::<Value>().await }
     };
     let metadata = api("metadata").await;
     let known: BTreeSet<String> = metadata["data"]

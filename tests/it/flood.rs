@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
+use stanch_testkit::wait::blocking::until;
 
 use crate::process::{Server, client};
 
@@ -169,18 +170,6 @@ fn metrics_from_elsewhere(server: &Server) -> String {
         .unwrap()
 }
 
-/// Waits up to `within` for `done`.
-fn eventually(within: std::time::Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let until = tokio::time::Instant::now() + within;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{what} within {within:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 /// One client opens connections without end: half of them HTTP/2 that answer every
 /// ping and open no stream (the review's), half of them SSE watchers. It holds at
 /// most `connections.max_per_source` (1,000) at a bounded cost; the rest are closed as
@@ -267,7 +256,7 @@ fn a_connection_and_watch_flood_holds_a_bounded_share() {
     assert!((500.0..=502.0).contains(&open), "the watchers stay: {open}");
     assert_eq!(metric(&metrics, "stanch_watchers{kind=\"sse\"}"), 500.0);
     drop(watchers);
-    eventually(Duration::from_secs(10), "all closed", || {
+    until("all closed", Duration::from_secs(10), || {
         metric(&metrics_from_elsewhere(&server), "stanch_connections_open") <= 1.0
     });
     let logged = std::fs::read_to_string(&log_path).unwrap();

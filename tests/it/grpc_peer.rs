@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use stanch_testkit::wait::blocking::until_some;
 
-use crate::ha::eventually;
 use crate::process::Server;
 
 #[test]
@@ -262,9 +262,9 @@ fn a_buf_curl_session_over_tls_acks_and_nacks() {
     let ack = json!({"ack": {"version": first["version"], "epoch": first["epoch"]}});
     writeln!(input, "{ack}").unwrap();
     let held = routes["version"].as_u64().unwrap();
-    eventually(
-        Duration::from_secs(10),
+    until_some(
         "the Ack in the status report",
+        Duration::from_secs(10),
         || gateway(&server).filter(|g| g["applied_version"] == held),
     );
 
@@ -281,9 +281,9 @@ fn a_buf_curl_session_over_tls_acks_and_nacks() {
         "reason": "drill: refused by hand",
     }});
     writeln!(input, "{nack}").unwrap();
-    let refused = eventually(
-        Duration::from_secs(10),
+    let refused = until_some(
         "the Nack in the status report",
+        Duration::from_secs(10),
         || {
             gateway(&server)
                 .filter(|g| g["rejected"] == json!([published, "drill: refused by hand"]))

@@ -6,13 +6,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use stanch_fake_apiserver::FakeApiServer;
+use stanch_testkit::http::blocking::ready_within;
+use stanch_testkit::process::Running;
+use stanch_testkit::wait::blocking::until_some;
 use tokio::time::Instant;
 
 use crate::process::client;
@@ -29,7 +32,7 @@ fn lease() -> Duration {
 
 pub(crate) struct Replica {
     identity: String,
-    pub(crate) child: Child,
+    pub(crate) child: Running,
     pub(crate) base: String,
 }
 
@@ -40,55 +43,45 @@ impl Replica {
 
     /// A replica with more `stanch serve` arguments.
     pub(crate) fn start_with(identity: &str, kubeconfig: &Path, extra: &[&str]) -> Replica {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_stanch"))
-            .args([
-                "serve",
-                "--store",
-                "kubernetes",
-                "--kubernetes-namespace",
-                NS,
-            ])
-            .args(["--lease-duration", &format!("{}s", lease().as_secs())])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env("KUBECONFIG", kubeconfig)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env("POD_NAME", identity)
-            .env("STANCH_ADMIN_TOKEN", "adm")
-            .env("STANCH_INGEST_TOKEN", "ing")
-            .env("STANCH_READ_TOKEN", "rd")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            // STANCH_HA_LOGS=1 shows what the replicas log.
-            .stderr(if std::env::var_os("STANCH_HA_LOGS").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .spawn()
-            .unwrap();
+        let port = stanch_testkit::net::free_port();
+        let child = Running::spawn(
+            Command::new(env!("CARGO_BIN_EXE_stanch"))
+                .args([
+                    "serve",
+                    "--store",
+                    "kubernetes",
+                    "--kubernetes-namespace",
+                    NS,
+                ])
+                .args(["--lease-duration", &format!("{}s", lease().as_secs())])
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(extra)
+                .env("KUBECONFIG", kubeconfig)
+                .env_remove("KUBERNETES_SERVICE_HOST")
+                .env("POD_NAME", identity)
+                .env("STANCH_ADMIN_TOKEN", "adm")
+                .env("STANCH_INGEST_TOKEN", "ing")
+                .env("STANCH_READ_TOKEN", "rd")
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                // STANCH_HA_LOGS=1 shows what the replicas log.
+                .stderr(if std::env::var_os("STANCH_HA_LOGS").is_some() {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                }),
+        );
         let replica = Replica {
             identity: identity.to_owned(),
             child,
             base: format!("http://127.0.0.1:{port}"),
         };
-        let http = client();
-        for _ in 0..400 {
-            if http
-                .get(format!("{}/healthz", replica.base))
-                .send()
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return replica;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("{identity} did not start");
+        let healthz = format!("{}/healthz", replica.base);
+        assert!(
+            ready_within(&client(), &healthz, Duration::from_secs(10)),
+            "{identity} did not start"
+        );
+        replica
     }
 
     fn get(&self, path: &str) -> Value {
@@ -111,18 +104,7 @@ impl Replica {
     }
 
     pub(crate) fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.signal(signal);
     }
 }
 
@@ -169,7 +151,7 @@ impl Cluster {
             Replica::start("stanch-0", &kubeconfig),
             Replica::start("stanch-1", &kubeconfig),
         ];
-        let leader_name = eventually(Duration::from_secs(10), "a leader", || holder(&api));
+        let leader_name = until_some("a leader", Duration::from_secs(10), || holder(&api));
         let at = replicas
             .iter()
             .position(|r| r.identity == leader_name)
@@ -184,22 +166,6 @@ impl Cluster {
             _runtime: runtime,
             _dir: dir,
         }
-    }
-}
-
-/// Waits until `check` holds, polling; panics with `what` past `within`.
-pub(crate) fn eventually<T>(
-    within: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -288,7 +254,7 @@ impl Observer {
 /// Sends alerts to `replica` until one is taken; how long that took.
 fn until_taken(replica: &Replica, n: u64, within: Duration) -> Duration {
     let start = Instant::now();
-    eventually(within, "a write taken by the new leader", || {
+    until_some("a write taken by the new leader", within, || {
         let r = client()
             .post(format!("{}/v1/alerts/alertmanager", replica.base))
             .bearer_auth("ing")
@@ -317,7 +283,7 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
     // The incident: alerts acknowledged by the leader.
     let mut acked = BTreeSet::new();
     for n in 1..=40 {
-        let r = eventually(Duration::from_secs(10), "the leader taking alerts", || {
+        let r = until_some("the leader taking alerts", Duration::from_secs(10), || {
             let r = leader.post_alert(n);
             (r.status() != 503).then_some(r)
         });
@@ -332,9 +298,9 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
     assert_eq!(refused.headers()["x-stanch-leader"], leader_name.as_str());
     // It serves the leader's table: the same version, the same content.
     let table = leader.get("/v1/routes");
-    eventually(
-        Duration::from_secs(5),
+    until_some(
         "the follower serving the leader's table",
+        Duration::from_secs(5),
         || (follower.get("/v1/routes") == table).then_some(()),
     );
     assert_eq!(
@@ -344,7 +310,7 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
     );
     // The route-table resource holds it too, as the watch serves it.
     let served: stanch_api::RouteTable = serde_json::from_value(table.clone()).unwrap();
-    eventually(Duration::from_secs(10), "the route-table resource", || {
+    until_some("the route-table resource", Duration::from_secs(10), || {
         let resource = api.object(
             "apis/stanch.dev/v1alpha1",
             "stanchroutetables",
@@ -392,7 +358,7 @@ fn a_follower_takes_over_a_killed_leader_with_everything_acknowledged() {
     // A new replica follows; the leader stopped with SIGTERM hands over to it.
     let next = Replica::start("stanch-2", &kubeconfig);
     let table = follower.get("/v1/routes");
-    eventually(Duration::from_secs(5), "the new replica following", || {
+    until_some("the new replica following", Duration::from_secs(5), || {
         (next.get("/v1/routes") == table).then_some(())
     });
     follower.signal("-TERM");
@@ -419,7 +385,7 @@ fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
     } = cluster;
     let mut acked = BTreeSet::new();
     for n in 1..=10 {
-        eventually(Duration::from_secs(10), "the leader taking alerts", || {
+        until_some("the leader taking alerts", Duration::from_secs(10), || {
             (paused.post_alert(n).status() == 200).then_some(())
         });
         acked.insert(format!("{n:016x}"));
@@ -435,9 +401,9 @@ fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
     // follows the new leader's table.
     // Until it has looked at the Lease its term is over all the same: it takes
     // nothing (503) from the moment it wakes.
-    let refused = eventually(
-        Duration::from_secs(5),
+    let refused = until_some(
         "the woken replica naming the leader",
+        Duration::from_secs(5),
         || {
             let r = paused.post_alert(12);
             assert_eq!(r.status(), 503, "a write taken by a deposed leader");
@@ -449,9 +415,9 @@ fn a_leader_paused_past_its_lease_wakes_up_a_follower_and_writes_nothing() {
         other.identity.as_str()
     );
     let table = other.get("/v1/routes");
-    eventually(
-        Duration::from_secs(5),
+    until_some(
         "the woken replica following",
+        Duration::from_secs(5),
         || (paused.get("/v1/routes") == table).then_some(()),
     );
     let state = api
@@ -475,10 +441,10 @@ fn an_api_server_down_for_a_minute_leaves_the_table_served_and_decisions_resume(
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = kubeconfig(dir.path(), &api);
     let replica = Replica::start("stanch-0", &kubeconfig);
-    eventually(Duration::from_secs(10), "a leader", || holder(&api));
+    until_some("a leader", Duration::from_secs(10), || holder(&api));
     let mut acked = BTreeSet::new();
     for n in 1..=5 {
-        eventually(Duration::from_secs(10), "the leader taking alerts", || {
+        until_some("the leader taking alerts", Duration::from_secs(10), || {
             (replica.post_alert(n).status() == 200).then_some(())
         });
         acked.insert(format!("{n:016x}"));

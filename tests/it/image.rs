@@ -16,9 +16,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
+use stanch_testkit::wait::blocking::{holds_within, until_some};
 
 use crate::chart::{CHART, render};
-use crate::ha::eventually;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -303,13 +303,11 @@ fn process_facts(container: &Container) -> (String, bool, String) {
 /// Waits for `url` to answer 200; panics with the container's logs if it does not
 /// within 30 s.
 fn answers(container: &Container, url: &str) {
-    for _ in 0..300 {
-        if get(url, None) == Some(200) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{url} did not answer 200 within 30 s: {}", logs(container));
+    assert!(
+        holds_within(Duration::from_secs(30), || get(url, None) == Some(200)),
+        "{url} did not answer 200 within 30 s: {}",
+        logs(container)
+    );
 }
 
 fn logs(container: &Container) -> String {
@@ -379,7 +377,7 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
     // The chart's pods, with the gateway, their files and arguments.
     let objects = render(&["-f", &format!("{CHART}/examples/with-gateway.yaml")]);
     let mut controller = pod_of(&objects, "stanch");
-    let port = crate::e2e::port();
+    let port = stanch_testkit::net::free_port();
     for a in &mut controller.args {
         if a.starts_with("--listen=") {
             *a = format!("--listen=127.0.0.1:{port}");
@@ -443,7 +441,10 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
 
     // The gateway, watching the controller (at its loopback port here).
     let mut gateway = pod_of(&objects, "stanch-gateway");
-    let (gport, sport) = (crate::e2e::port(), crate::e2e::port());
+    let (gport, sport) = (
+        stanch_testkit::net::free_port(),
+        stanch_testkit::net::free_port(),
+    );
     let mut status_apart = false;
     for a in &mut gateway.args {
         if a.starts_with("--listen=") {
@@ -486,7 +487,7 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
         assert_eq!(get(&format!("{gbase}{path}"), None), Some(404), "{path}");
     }
     // It watches the controller with the read token: the controller counts it.
-    eventually(Duration::from_secs(20), "the gateway watching", || {
+    until_some("the gateway watching", Duration::from_secs(20), || {
         let status: Value = reqwest::blocking::Client::builder()
             .no_proxy()
             .build()
@@ -505,7 +506,7 @@ fn the_image_runs_the_chart_s_pods_as_non_root_on_a_read_only_root() {
     });
 
     // Logs are written within a second (stanch-log's flush interval).
-    let said = eventually(Duration::from_secs(5), "both logging", || {
+    let said = until_some("both logging", Duration::from_secs(5), || {
         let said = format!("{}{}", logs(&c), logs(&g));
         (said.contains("stanch controller listening") && said.contains("stanch-gateway listening"))
             .then_some(said)

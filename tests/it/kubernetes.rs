@@ -8,6 +8,9 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use stanch_fake_apiserver::FakeApiServer;
 use stanch_kube::crd::StanchPolicy;
+use stanch_testkit::net::free_port;
+use stanch_testkit::process::Running;
+use stanch_testkit::wait::{until, until_some};
 
 fn policy(name: &str, model: &str) -> StanchPolicy {
     StanchPolicy::new(
@@ -49,12 +52,9 @@ async fn serve_takes_policies_from_the_cluster_at_start_and_live() {
     let file = dir.path().join("stanch.yaml");
     let one = "models:\n  qwen-72b: {pools: [dc-a, dc-b]}\n";
     std::fs::write(&file, one).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Killed(
+    let port = free_port();
+    // SIGTERM at the end, so that what the controller logged is written out.
+    let child = Running::spawn(
         std::process::Command::new(env!("CARGO_BIN_EXE_stanch"))
             .args([
                 "serve",
@@ -67,19 +67,13 @@ async fn serve_takes_policies_from_the_cluster_at_start_and_live() {
             .args(["--kubernetes-namespace", "monitoring", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .env("KUBECONFIG", &kubeconfig)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .spawn()
-            .unwrap(),
-    );
-    let mut first = None;
-    for _ in 0..200 {
-        if let Some(r) = routes(port).await {
-            first = Some(r);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let first = first.expect("the controller serves");
+            .env_remove("KUBERNETES_SERVICE_HOST"),
+    )
+    .terminate_on_drop(Duration::from_secs(5));
+    let first = until_some("the controller serving", Duration::from_secs(10), || {
+        routes(port)
+    })
+    .await;
     assert!(
         first["models"]["qwen-7b"].is_object(),
         "the resource listed at start is in the first table: {first}"
@@ -98,63 +92,35 @@ async fn serve_takes_policies_from_the_cluster_at_start_and_live() {
         .create(&PostParams::default(), &policy("tiny", "qwen-3b"))
         .await
         .unwrap();
-    let mut live = false;
-    for _ in 0..200 {
-        if routes(port)
-            .await
-            .is_some_and(|r| r["models"]["qwen-3b"].is_object())
-        {
-            live = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(live, "a policy created later is put in force live");
+    until(
+        "a policy created later put in force live",
+        Duration::from_secs(10),
+        || async {
+            routes(port)
+                .await
+                .is_some_and(|r| r["models"]["qwen-3b"].is_object())
+        },
+    )
+    .await;
 
     // A reloaded file is merged under the resources: its new model comes, theirs stay.
     std::fs::write(&file, format!("{one}  qwen-1b: {{pools: [dc-a]}}\n")).unwrap();
-    let sent = std::process::Command::new("kill")
-        .args(["-HUP", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let mut merged = None;
-    for _ in 0..200 {
-        if let Some(r) = routes(port)
-            .await
-            .filter(|r| r["models"]["qwen-1b"].is_object())
-        {
-            merged = Some(r);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let merged = merged.expect("the reloaded file's model is served");
+    child.signal("-HUP");
+    let merged = until_some(
+        "the reloaded file's model served",
+        Duration::from_secs(10),
+        || async {
+            routes(port)
+                .await
+                .filter(|r| r["models"]["qwen-1b"].is_object())
+        },
+    )
+    .await;
     for model in ["qwen-72b", "qwen-7b", "qwen-3b"] {
         assert!(
             merged["models"][model].is_object(),
             "{model} stays: {merged}"
         );
-    }
-}
-
-/// A child process killed when the test ends, however it ends.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        // SIGTERM, so that what the controller logged is written out.
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        for _ in 0..100 {
-            if self.0.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

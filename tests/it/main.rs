@@ -17,4 +17,5 @@ mod process;
 mod proto;
 mod rules;
 mod sizes;
+mod sleeps;
 mod ui;

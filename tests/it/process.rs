@@ -1,10 +1,12 @@
 //! The real process: `kill -9` mid-incident, `stanch ctl`, and TLS.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use stanch_testkit::http::blocking::ready_within;
+use stanch_testkit::process::Running;
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -12,7 +14,7 @@ const FIXTURE: &str = concat!(
 );
 
 pub(crate) struct Server {
-    pub(crate) child: Child,
+    pub(crate) child: Running,
     pub(crate) base: String,
 }
 
@@ -41,44 +43,34 @@ impl Server {
         log: impl Into<Stdio>,
         [admin, ingest, read]: [&str; 3],
     ) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_stanch"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(data)
-            .args(extra)
-            .env("STANCH_ADMIN_TOKEN", admin)
-            .env("STANCH_INGEST_TOKEN", ingest)
-            .env("STANCH_READ_TOKEN", read)
-            .env("RUST_LOG", filter)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let port = stanch_testkit::net::free_port();
+        let child = Running::spawn(
+            Command::new(env!("CARGO_BIN_EXE_stanch"))
+                .args([
+                    "serve",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--data-dir",
+                ])
+                .arg(data)
+                .args(extra)
+                .env("STANCH_ADMIN_TOKEN", admin)
+                .env("STANCH_INGEST_TOKEN", ingest)
+                .env("STANCH_READ_TOKEN", read)
+                .env("RUST_LOG", filter)
+                .stdout(Stdio::null())
+                .stderr(log),
+        );
         let server = Server {
             child,
             base: format!("{scheme}://127.0.0.1:{port}"),
         };
-        let http = client();
-        for _ in 0..200 {
-            if http
-                .get(format!("{}/readyz", server.base))
-                .send()
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("stanch did not become ready");
+        let ready = format!("{}/readyz", server.base);
+        assert!(
+            ready_within(&client(), &ready, Duration::from_secs(5)),
+            "stanch did not become ready"
+        );
+        server
     }
 
     /// Starts serving TLS only, with a fresh self-signed certificate for `localhost`
@@ -175,13 +167,6 @@ impl Server {
             .args(args)
             .output()
             .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

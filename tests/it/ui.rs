@@ -4,8 +4,11 @@
 //! Screenshots of the key states land in `target/ui-artefacts/`.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use stanch_testkit::http::blocking::ready_within;
+use stanch_testkit::process::Running;
 
 use crate::chart::tool;
 use crate::process::Server;
@@ -20,13 +23,13 @@ ladder: {recover_after: 30s, min_dwell: 2s, lease: 2m}
 
 /// nginx in the foreground, serving the controller under `/stanch/`.
 struct Nginx {
-    child: Child,
+    _child: Running,
     base: String,
 }
 
 impl Nginx {
     fn start(dir: &Path, upstream: &str) -> Nginx {
-        let port = crate::e2e::port();
+        let port = stanch_testkit::net::free_port();
         let d = dir.display();
         let conf = dir.join("nginx.conf");
         std::fs::write(
@@ -58,41 +61,26 @@ http {{
             ),
         )
         .unwrap();
-        let child = Command::new(crate::e2e::bin(&["nginx"]))
-            .args(["-p"])
-            .arg(dir)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+        let child = Running::spawn(
+            Command::new(crate::e2e::bin(&["nginx"]))
+                .args(["-p"])
+                .arg(dir)
+                .arg("-c")
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit()),
+        );
         let nginx = Nginx {
-            child,
+            _child: child,
             base: format!("http://127.0.0.1:{port}/stanch/"),
         };
-        let http = crate::process::client();
-        for _ in 0..200 {
-            if http
-                .get(format!("{}readyz", nginx.base))
-                .send()
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return nginx;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!(
+        let readyz = format!("{}readyz", nginx.base);
+        assert!(
+            ready_within(&crate::process::client(), &readyz, Duration::from_secs(5)),
             "nginx did not proxy to the controller: {}",
             std::fs::read_to_string(dir.join("nginx-error.log")).unwrap_or_default()
         );
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        nginx
     }
 }
 

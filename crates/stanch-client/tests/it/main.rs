@@ -8,6 +8,7 @@ use stanch_client::{Transport, WatchConfig};
 use stanch_core::Config;
 use stanch_ports::clock::SystemClock;
 use stanch_server::{Controller, Settings};
+use stanch_testkit::wait::until;
 
 async fn controller() -> (Controller, String) {
     let settings = Settings::in_memory(Config::default_config());
@@ -49,20 +50,6 @@ async fn status(url: &str) -> Value {
         .unwrap()
 }
 
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..100 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what}: not within 5s");
-}
-
 async fn follows(transport: Transport) {
     let (_c, url) = controller().await;
     let mut config = WatchConfig::new(&url, "gw-test");
@@ -84,7 +71,7 @@ async fn follows(transport: Transport) {
         Transport::LongPoll => "long_poll",
         Transport::Sse | Transport::Auto => "sse",
     };
-    eventually("acknowledged", || async {
+    until("acknowledged", Duration::from_secs(5), || async {
         let s = status(&url).await;
         let g = &s["gateways"][0];
         g["id"] == "gw-test"
@@ -155,7 +142,7 @@ async fn serves_the_last_known_good_table_while_the_controller_is_down() {
     config.state_file = Some(file.clone());
     let (mut routes, task) = stanch_client::start(config, None);
     routes.changed_from(0).await.unwrap();
-    eventually("saved", || async { file.exists() }).await;
+    until("saved", Duration::from_secs(5), || async { file.exists() }).await;
     task.abort();
     c.shutdown().await;
 
@@ -195,7 +182,7 @@ async fn refuses_what_the_gateway_cannot_apply_and_says_why(transport: Transport
         json!({"model": "qwen-72b", "rung": "static", "reason": "test"}),
     )
     .await;
-    eventually("rejection reported", || async {
+    until("rejection reported", Duration::from_secs(5), || async {
         let s = status(&url).await;
         s["gateways"][0]["rejected"][1]
             .as_str()
@@ -291,13 +278,17 @@ async fn reports_an_unreadable_table(transport: Transport) {
     config.transport = transport;
     config.long_poll_wait = Duration::from_millis(500);
     let (routes, task) = stanch_client::start(config, None);
-    eventually("the refusal is reported", || async {
-        seen.lock()
-            .unwrap()
-            .rejected
-            .iter()
-            .any(|(v, why)| v == "7" && why.contains("unreadable"))
-    })
+    until(
+        "the refusal is reported",
+        Duration::from_secs(5),
+        || async {
+            seen.lock()
+                .unwrap()
+                .rejected
+                .iter()
+                .any(|(v, why)| v == "7" && why.contains("unreadable"))
+        },
+    )
     .await;
     let before = seen.lock().unwrap().requests;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -706,11 +697,10 @@ async fn every_table_sent_over_grpc_is_answered() {
     let mut config = WatchConfig::new(&url, "gw-answers");
     config.transport = Transport::Grpc;
     let (routes, task) = stanch_client::start(config, None);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while heard.lock().unwrap().requests.len() < 4 {
-        assert!(tokio::time::Instant::now() < deadline, "four messages");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("four messages", Duration::from_secs(5), || {
+        std::future::ready(heard.lock().unwrap().requests.len() >= 4)
+    })
+    .await;
     task.abort();
     let kinds: Vec<_> = heard
         .lock()
@@ -825,7 +815,7 @@ async fn resumes_with_the_epoch_as_sent(transport: Transport) {
         _ => ("/v1/routes/stream", "last-event-id"),
     };
     let resumed = |q: &HashMap<String, String>| q["path"] == path && q.contains_key(by);
-    eventually("the gateway resumes", || async {
+    until("the gateway resumes", Duration::from_secs(5), || async {
         seen.lock().unwrap().iter().any(resumed)
     })
     .await;

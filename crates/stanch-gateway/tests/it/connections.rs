@@ -38,14 +38,15 @@ async fn answered(gw: &Setup, stream: bool) -> String {
 
 /// Waits until the gateway holds `n` idle upstream connections; panics after 2 s.
 async fn idle_soon(gw: &Setup, n: f64) {
-    for _ in 0..200 {
-        let metrics = gw.metrics().await;
-        if sample(&metrics, "stanch_gateway_upstream_connections_idle", &[]) == n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never {n} idle upstream connections");
+    stanch_testkit::wait::until(
+        &format!("{n} idle upstream connections"),
+        Duration::from_secs(2),
+        || async {
+            let metrics = gw.metrics().await;
+            sample(&metrics, "stanch_gateway_upstream_connections_idle", &[]) == n
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

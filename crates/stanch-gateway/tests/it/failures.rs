@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use stanch_api::Rung;
 use stanch_mock::MockConfig;
+use stanch_testkit::http::Fetch;
 use tokio::time::Instant;
 
 use crate::support::*;
@@ -43,12 +44,8 @@ async fn serves_spreads_load_and_labels_responses() {
     let models: Value = gw
         .http
         .get(format!("{}/v1/models", gw.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(models["data"][0]["id"], "qwen-72b");
     let e = gw
         .http
@@ -599,18 +596,12 @@ async fn a_caller_that_leaves_mid_stream_frees_its_endpoint_and_costs_it_nothing
     assert!(r.chunk().await.unwrap().is_some(), "the first token");
     assert_eq!(in_flight().await, Some(1), "counted while it streams");
     drop(r);
-    let mut freed = false;
-    for _ in 0..100 {
-        if in_flight().await == Some(0) {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        freed,
-        "freed once the caller left, not when the answer would have ended"
-    );
+    stanch_testkit::wait::until(
+        "freed once the caller left, not when the answer would have ended",
+        Duration::from_secs(1),
+        || async { in_flight().await == Some(0) },
+    )
+    .await;
     let status = gw.status().await;
     assert_eq!(
         status["endpoints"][0]["failures"], 0,

@@ -10,6 +10,7 @@ use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_ports::clock::SystemClock;
 use stanch_server::{Controller, Settings};
+use stanch_testkit::http::Fetch;
 
 use crate::support::*;
 
@@ -108,32 +109,20 @@ async fn discovery_protects_every_replica(tls: bool) {
     for _ in 0..10 {
         assert_eq!(chat(a.clone()).await, 200);
     }
-    let mut blocked = false;
-    for _ in 0..100 {
-        let status: Value = http
-            .get(format!("{b}/v1/status"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let bad_entry = status["endpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["url"] == bad.base.as_str())
-            .cloned();
-        if bad_entry.is_some_and(|e| !e["table_blocked_until"].is_null()) {
-            blocked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        blocked,
-        "the block reached replica B through the controller"
-    );
+    stanch_testkit::wait::until(
+        "the block reaching replica B through the controller",
+        Duration::from_secs(5),
+        || async {
+            let status: Value = http.get(format!("{b}/v1/status")).fetch_json().await;
+            status["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["url"] == bad.base.as_str())
+                .is_some_and(|e| !e["table_blocked_until"].is_null())
+        },
+    )
+    .await;
     let before = bad.requests();
 
     for _ in 0..20 {
@@ -145,14 +134,7 @@ async fn discovery_protects_every_replica(tls: bool) {
         "replica B never sent the bad endpoint a request"
     );
     drop(gw_b);
-    let routes: Value = http
-        .get(format!("{url}/v1/routes"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let routes: Value = http.get(format!("{url}/v1/routes")).fetch_json().await;
     assert!(
         routes["blocked"][0]["reason"]
             .as_str()

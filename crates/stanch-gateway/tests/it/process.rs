@@ -3,19 +3,13 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use stanch_testkit::http::Fetch;
 use stanch_testkit::net::free_port;
+use stanch_testkit::process::Running;
+use stanch_testkit::wait::{until, until_some};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
-
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A configuration of one model, `qwen-72b`, served by `up`, written under `dir`.
 fn one_model(dir: &std::path::Path, up: &Upstream) -> std::path::PathBuf {
@@ -79,14 +73,7 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint(
     // seen the closes of the requests above and counts that connection alone.
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let by_worker = || async {
-        let metrics = http
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = http.get(format!("{base}/metrics")).fetch_text().await;
         (0..3)
             .map(|w| {
                 sample(
@@ -97,15 +84,12 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint(
             })
             .collect::<Vec<f64>>()
     };
-    let mut settled = false;
-    for _ in 0..100 {
-        if by_worker().await.iter().sum::<f64>() == 1.0 {
-            settled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(settled, "closed connections are no longer counted");
+    until(
+        "closed connections no longer counted",
+        Duration::from_secs(2),
+        || async { by_worker().await.iter().sum::<f64>() == 1.0 },
+    )
+    .await;
     let mut open = Vec::new();
     for _ in 0..6 {
         let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -139,7 +123,7 @@ async fn the_binary_serves_from_several_threads_and_stops_on_sigterm_and_sigint(
 
 /// The gateway binary for `config` on `port` with `threads` worker threads (0: one a
 /// core), once it answers `/healthz`.
-async fn started(config: &std::path::Path, port: u16, threads: &str) -> Killed {
+async fn started(config: &std::path::Path, port: u16, threads: &str) -> Running {
     started_logging(config, port, threads, &[], "warn", Stdio::null()).await
 }
 
@@ -151,8 +135,8 @@ async fn started_logging(
     extra: &[&str],
     filter: &str,
     log: impl Into<Stdio>,
-) -> Killed {
-    let gateway = Killed(
+) -> Running {
+    let gateway = Running::spawn(
         Command::new(env!("CARGO_BIN_EXE_stanch-gateway"))
             .arg("--config")
             .arg(config)
@@ -161,43 +145,25 @@ async fn started_logging(
             .args(extra)
             .env("RUST_LOG", filter)
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
+            .stderr(log),
     );
-    for _ in 0..100 {
-        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
-            .await
-            .is_ok()
-        {
-            return gateway;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the gateway does not listen on {port}");
+    stanch_testkit::http::ready(
+        &format!("http://127.0.0.1:{port}/healthz"),
+        Duration::from_secs(5),
+    )
+    .await;
+    gateway
 }
 
-async fn stops_cleanly_on(gateway: &mut Killed, signal: &str) {
-    let pid = gateway.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let mut exited = None;
-    for _ in 0..100 {
-        if let Some(status) = gateway.0.try_wait().unwrap() {
-            exited = Some(status);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        exited.is_some_and(|s| s.success()),
-        "exits cleanly on {signal}: {exited:?}"
-    );
+async fn stops_cleanly_on(gateway: &mut Running, signal: &str) {
+    gateway.signal(signal);
+    let exited = until_some(
+        &format!("the gateway exiting on {signal}"),
+        Duration::from_secs(5),
+        || std::future::ready(gateway.try_wait().unwrap()),
+    )
+    .await;
+    assert!(exited.success(), "exits cleanly on {signal}: {exited:?}");
 }
 
 /// The access log as shipped (on, buffered): every request's line reaches the file
@@ -228,14 +194,7 @@ async fn every_access_line_is_written_whole_and_none_lost_at_a_stop() {
                 .iter()
                 .all(|r| r.as_ref().is_ok_and(|r| r.status() == 200))
         );
-        let metrics = http
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = http.get(format!("{base}/metrics")).fetch_text().await;
         assert_eq!(
             sample(&metrics, "stanch_gateway_log_lines_dropped_total", &[]),
             0.0,
@@ -323,7 +282,7 @@ async fn the_binary_follows_the_route_table_resource_without_reaching_the_contro
     )
     .unwrap();
     let port = free_port();
-    let _gateway = Killed(
+    let _gateway = Running::spawn(
         Command::new(env!("CARGO_BIN_EXE_stanch-gateway"))
             .arg("--config")
             .arg(&config)
@@ -332,24 +291,22 @@ async fn the_binary_follows_the_route_table_resource_without_reaching_the_contro
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     );
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let mut applied = None;
-    for _ in 0..200 {
-        if let Ok(r) = http.get(format!("{base}/v1/status")).send().await
-            && let Ok(status) = r.json::<serde_json::Value>().await
-            && status["route_version"].as_u64() == Some(table.version)
-        {
-            applied = Some(status);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(applied.is_some(), "the table in the resource was applied");
+    until(
+        "the table in the resource applied",
+        Duration::from_secs(10),
+        || async {
+            let Ok(r) = http.get(format!("{base}/v1/status")).send().await else {
+                return false;
+            };
+            let status: serde_json::Value = r.json().await.unwrap_or_default();
+            status["route_version"].as_u64() == Some(table.version)
+        },
+    )
+    .await;
     let body = serde_json::json!({"model": "qwen-72b", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
     let r = http
         .post(format!("{base}/v1/chat/completions"))
@@ -399,7 +356,7 @@ async fn status_and_metrics_can_be_served_apart_from_callers() {
     }
     let text = |url: String| {
         let http = http.clone();
-        async move { http.get(url).send().await.unwrap().text().await.unwrap() }
+        async move { http.get(url).fetch_text().await }
     };
     let shown = text(format!("{status}/v1/status")).await;
     assert!(shown.contains(&up.base), "the status names the upstream");

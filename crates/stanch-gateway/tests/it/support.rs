@@ -12,6 +12,7 @@ use stanch_gateway::Gateway;
 use stanch_gateway::config::GatewayConfig;
 use stanch_mock::{Mock, MockConfig};
 use stanch_ports::clock::{Clock, SystemClock};
+use stanch_testkit::http::Fetch;
 
 pub struct Upstream {
     pub base: String,
@@ -93,23 +94,15 @@ impl Setup {
     pub async fn status(&self) -> Value {
         self.http
             .get(format!("{}/v1/status", self.base))
-            .send()
+            .fetch_json()
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 
     pub async fn metrics(&self) -> String {
         self.http
             .get(format!("{}/metrics", self.base))
-            .send()
+            .fetch_text()
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
     }
 
     pub async fn chat(&self, model: &str, stream: bool) -> reqwest::Response {

@@ -11,6 +11,8 @@ use serde_json::{Value, json};
 use stanch_fake_apiserver::FakeApiServer;
 use stanch_kube::adapter::Adapter;
 use stanch_kube::crd::StanchPolicy;
+use stanch_testkit::http::Fetch;
+use stanch_testkit::wait::until;
 
 fn client(api: &FakeApiServer) -> kube::Client {
     kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap()
@@ -18,17 +20,6 @@ fn client(api: &FakeApiServer) -> kube::Client {
 
 fn policy(name: &str, spec: Value) -> StanchPolicy {
     StanchPolicy::new(name, serde_json::from_value(spec).unwrap())
-}
-
-/// Polls `f` every 50 ms for up to 10 s.
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    for _ in 0..200 {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("never: {what}");
 }
 
 #[tokio::test]
@@ -65,12 +56,8 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let routes = || async {
         http.get(format!("http://{}/v1/routes", controller.addr()))
-            .send()
+            .fetch_json::<Value>()
             .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
     };
     let policies: Api<StanchPolicy> = Api::namespaced(client(&api), "monitoring");
 
@@ -84,19 +71,25 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
         )
         .await
         .unwrap();
-    eventually("the new model is served", || async {
-        routes().await["models"]["qwen-7b"].is_object()
-    })
+    until(
+        "the new model is served",
+        Duration::from_secs(10),
+        || async { routes().await["models"]["qwen-7b"].is_object() },
+    )
     .await;
-    eventually("its status says it is in force", || async {
-        let p = policies.get("small").await.unwrap();
-        p.status.is_some_and(|s| {
-            s.rung.is_some()
-                && s.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-    })
+    until(
+        "its status says it is in force",
+        Duration::from_secs(10),
+        || async {
+            let p = policies.get("small").await.unwrap();
+            p.status.is_some_and(|s| {
+                s.rung.is_some()
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        },
+    )
     .await;
 
     // An operator's force on its model is an Event on it, and so is the move it makes.
@@ -118,8 +111,9 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("small"))
             .collect::<Vec<Event>>()
     };
-    eventually(
+    until(
         "the override and its move are Events on the policy",
+        Duration::from_secs(10),
         || async {
             let reasons: Vec<String> = on_small()
                 .await
@@ -158,19 +152,23 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
         )
         .await
         .unwrap();
-    eventually("the refusal is in its status", || async {
-        let p = policies.get("bad").await.unwrap();
-        p.status.is_some_and(|s| {
-            s.conditions.iter().any(|c| {
-                c.type_ == "Ready"
-                    && c.status == "False"
-                    && c.reason == "Invalid"
-                    && c.message.contains("spec.faq")
+    until(
+        "the refusal is in its status",
+        Duration::from_secs(10),
+        || async {
+            let p = policies.get("bad").await.unwrap();
+            p.status.is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Ready"
+                        && c.status == "False"
+                        && c.reason == "Invalid"
+                        && c.message.contains("spec.faq")
+                })
             })
-        })
-    })
+        },
+    )
     .await;
-    eventually("and in an Event on it", || async {
+    until("and in an Event on it", Duration::from_secs(10), || async {
         events
             .list(&Default::default())
             .await
@@ -192,9 +190,11 @@ async fn policies_are_put_in_force_live_with_their_status_and_refusals_as_events
         .delete("small", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("a deleted policy's model leaves the table", || async {
-        routes().await["models"]["qwen-7b"].is_null()
-    })
+    until(
+        "a deleted policy's model leaves the table",
+        Duration::from_secs(10),
+        || async { routes().await["models"]["qwen-7b"].is_null() },
+    )
     .await;
 
     let _ = stop.send(());

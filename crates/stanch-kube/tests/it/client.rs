@@ -12,6 +12,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 use stanch_fake_apiserver::FakeApiServer;
 use stanch_kube::crd::{StanchPolicy, StanchPolicySpec};
+use stanch_testkit::http::Fetch;
 
 fn client(api: &FakeApiServer) -> kube::Client {
     let config = kube::Config::new(api.url().parse().unwrap());
@@ -193,12 +194,8 @@ async fn the_route_table_resource_holds_what_the_watch_serves() {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let served: serde_json::Value = http
         .get(format!("http://{}/v1/routes", controller.addr()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     let table: stanch_api::RouteTable = serde_json::from_value(served.clone()).unwrap();
 
     let api = FakeApiServer::start().await;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use stanch_mock::{Mock, MockConfig};
+use stanch_testkit::http::Fetch;
 use tokio::time::Instant;
 
 struct Instance {
@@ -48,12 +49,8 @@ impl Instance {
     async fn stats(&self) -> Value {
         self.http
             .get(format!("{}/admin/stats", self.base))
-            .send()
+            .fetch_json()
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 }
 
@@ -93,34 +90,22 @@ async fn answers_openai_shaped_and_deterministic() {
         .http
         .post(format!("{}/v1/completions", m.base))
         .json(&json!({"prompt": "hi", "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(c["object"], "text_completion");
     let e: Value = m
         .http
         .post(format!("{}/v1/embeddings", m.base))
         .json(&json!({"input": ["a", "b"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(e["data"].as_array().unwrap().len(), 2);
     assert_eq!(e["data"][0]["embedding"].as_array().unwrap().len(), 8);
     let models: Value = m
         .http
         .get(format!("{}/v1/models", m.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .fetch_json()
+        .await;
     assert_eq!(models["data"][0]["id"], "qwen-72b");
 }
 
@@ -275,15 +260,7 @@ async fn metrics_stand_in_for_vllm() {
         .await
         .unwrap();
     assert_eq!(r.status(), 204);
-    let text = m
-        .http
-        .get(format!("{}/metrics", m.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = m.http.get(format!("{}/metrics", m.base)).fetch_text().await;
     assert!(
         text.contains("vllm:gpu_cache_usage_perc{model_name=\"qwen-72b\"} 0.97"),
         "{text}"

@@ -1,7 +1,9 @@
 //! Alert intake: the real captured payloads, and everything a sender can get wrong.
 
-use serde_json::Value;
 use std::time::Duration;
+
+use serde_json::Value;
+use stanch_testkit::wait::until;
 
 use crate::support::*;
 
@@ -87,7 +89,10 @@ async fn prometheus_push_fixtures_and_expiry() {
     assert_eq!(h.json("/v1/status").await["alerts"]["active"], 1);
     // Its endsAt (00:07:02) passes without a refresh: the alert expires on its own.
     h.clock.advance(Duration::from_secs(3));
-    wait_for(|| async { h.json("/v1/status").await["alerts"]["active"] == 0 }).await;
+    until("no alert active", Duration::from_secs(5), || async {
+        h.json("/v1/status").await["alerts"]["active"] == 0
+    })
+    .await;
     // A resolved push for an alert no longer active changes nothing.
     let r = h
         .post(
@@ -97,21 +102,6 @@ async fn prometheus_push_fixtures_and_expiry() {
         )
         .await;
     assert_eq!(r.status(), 200);
-}
-
-/// Polls `check` for up to 5 s.
-pub async fn wait_for<F, Fut>(check: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..100 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("condition not met within 5s");
 }
 
 #[tokio::test]

@@ -3,15 +3,16 @@
 //! reconciliation repairs what lost notifications left out.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use stanch_api::HumanDuration;
 use stanch_server::config::{AlertmanagerConfig, ServerConfig};
 use stanch_testkit::net::free_port;
+use stanch_testkit::process::Running;
+use stanch_testkit::wait::until;
 
-use crate::intake::wait_for;
 use crate::support::*;
 
 fn alertmanager_bin() -> PathBuf {
@@ -32,7 +33,7 @@ fn alertmanager_bin() -> PathBuf {
 }
 
 struct Alertmanager {
-    child: Child,
+    _child: Running,
     url: String,
     _dir: tempfile::TempDir,
 }
@@ -59,39 +60,28 @@ receivers:
 "#
         );
         std::fs::write(dir.path().join("am.yml"), config).unwrap();
-        let child = Command::new(alertmanager_bin())
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("am.yml").display()
-            ))
-            .arg(format!(
-                "--storage.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--cluster.listen-address=")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("Alertmanager starts");
+        let child = Running::spawn(
+            Command::new(alertmanager_bin())
+                .arg(format!(
+                    "--config.file={}",
+                    dir.path().join("am.yml").display()
+                ))
+                .arg(format!(
+                    "--storage.path={}",
+                    dir.path().join("data").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .arg("--cluster.listen-address=")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
         let am = Alertmanager {
-            child,
+            _child: child,
             url: format!("http://127.0.0.1:{port}"),
             _dir: dir,
         };
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        for _ in 0..200 {
-            if http
-                .get(format!("{}/-/ready", am.url))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return am;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("Alertmanager did not become ready");
+        stanch_testkit::http::ready(&format!("{}/-/ready", am.url), Duration::from_secs(10)).await;
+        am
     }
 
     async fn post(&self, alerts: Value) {
@@ -107,13 +97,6 @@ receivers:
             "Alertmanager refused the alerts: {}",
             r.status()
         );
-    }
-}
-
-impl Drop for Alertmanager {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -144,9 +127,15 @@ async fn alertmanager_webhooks_reach_stanch() {
     let h = Harness::start().await;
     let am = Alertmanager::start(free_port(), &h.url("/v1/alerts/alertmanager")).await;
     am.post(failover_alert(None)).await;
-    wait_for(|| async { h.routes().await["models"]["qwen-72b"]["rung"] == "failover" }).await;
+    until("qwen-72b failed over", Duration::from_secs(5), || async {
+        h.routes().await["models"]["qwen-72b"]["rung"] == "failover"
+    })
+    .await;
     am.post(failover_alert(Some(&ago(1)))).await;
-    wait_for(|| async { h.json("/v1/status").await["alerts"]["active"] == 0 }).await;
+    until("no alert active", Duration::from_secs(5), || async {
+        h.json("/v1/status").await["alerts"]["active"] == 0
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -180,13 +169,19 @@ async fn reconciliation_repairs_lost_notifications() {
     // A notification saying Alertmanager truncated it makes stanch ask for the full list.
     let truncated = json!({"version": "4", "status": "firing", "alerts": [], "truncatedAlerts": 1});
     assert_eq!(h.webhook(truncated.to_string()).await.status(), 200);
-    wait_for(|| async { h.routes().await["models"]["qwen-72b"]["rung"] == "failover" }).await;
+    until("qwen-72b failed over", Duration::from_secs(5), || async {
+        h.routes().await["models"]["qwen-72b"]["rung"] == "failover"
+    })
+    .await;
 
     // The resolution is lost too; the next reconciliation applies it.
     am.post(failover_alert(Some(&ago(1)))).await;
     h.clock.advance(Duration::from_secs(1));
     assert_eq!(h.webhook(truncated.to_string()).await.status(), 200);
-    wait_for(|| async { h.json("/v1/status").await["alerts"]["active"] == 0 }).await;
+    until("no alert active", Duration::from_secs(5), || async {
+        h.json("/v1/status").await["alerts"]["active"] == 0
+    })
+    .await;
     let history: Vec<Value> = h.get("/v1/history", Some(READ)).await.json().await.unwrap();
     assert!(history.iter().any(|e| {
         e["summary"]

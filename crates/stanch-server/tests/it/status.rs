@@ -62,9 +62,11 @@ async fn conditions_and_the_next_step_down() {
 
     // Reached on its own once that time passes; then there is nothing to step down to.
     h.clock.advance(recover_after);
-    crate::intake::wait_for(|| async {
-        h.json("/v1/status").await["models"]["qwen-72b"]["rung"] == "normal"
-    })
+    stanch_testkit::wait::until(
+        "qwen-72b back to normal",
+        Duration::from_secs(5),
+        || async { h.json("/v1/status").await["models"]["qwen-72b"]["rung"] == "normal" },
+    )
     .await;
     assert_eq!(
         h.json("/v1/status").await["models"]["qwen-72b"]["step_down"],

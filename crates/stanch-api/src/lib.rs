@@ -24,7 +24,7 @@ pub mod time;
 
 pub use duration::HumanDuration;
 pub use labels::{Fingerprint, Labels};
-pub use routes::{BlockedEndpoint, ModelRoute, RouteTable, Rung};
+pub use routes::{BlockedEndpoint, ModelRoute, PoolShare, RouteTable, Rung};
 pub use time::Timestamp;
 
 /// The JSON body of every 4xx and 5xx answer from the controller.

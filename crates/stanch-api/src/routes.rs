@@ -129,6 +129,88 @@ pub struct ModelRoute {
     pub alerts: Vec<Fingerprint>,
     /// True when an operator's override, not automation, set this entry.
     pub overridden: bool,
+    /// While the model's own traffic moves between pools (a partial failover, a
+    /// fail-back in steps): each pool's share of it, in percent, in the configured
+    /// pool order, summing to 100. Empty when `pool` takes all of it. A client that
+    /// does not know this field sends everything to `pool`, which is always the pool
+    /// with the largest share (the earlier in pool order on a tie).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<PoolShare>,
+    /// While non-VIP traffic moves to or from `alias` in steps: the percentage of it
+    /// the alias serves, the rest staying on the model. Absent when the alias takes
+    /// all of it. A client that does not know this field sends all non-VIP traffic to
+    /// `alias` whenever it is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 99)))]
+    pub alias_percent: Option<u8>,
+}
+
+impl ModelRoute {
+    /// The share of the model's own traffic `pool` serves, in percent.
+    pub fn percent_of(&self, pool: &str) -> u8 {
+        if self.shares.is_empty() {
+            return if self.pool == pool { 100 } else { 0 };
+        }
+        self.shares
+            .iter()
+            .find(|s| s.pool == pool)
+            .map_or(0, |s| s.percent)
+    }
+
+    /// Whether `shares` and `alias_percent` are as the wire promises: shares of
+    /// distinct pools, each over 0, summing to 100, `pool` the largest (the first on
+    /// a tie); an alias percentage from 1 to 99, with an alias. What a gateway checks
+    /// before it applies a table.
+    pub fn check_split(&self) -> Result<(), crate::Invalid> {
+        let shares = |problem: String| crate::Invalid::new("shares", problem);
+        if !self.shares.is_empty() {
+            let total: u32 = self.shares.iter().map(|s| u32::from(s.percent)).sum();
+            if total != 100 {
+                return Err(shares(format!("they sum to {total}, not 100")));
+            }
+            for (i, s) in self.shares.iter().enumerate() {
+                if s.percent == 0 {
+                    return Err(shares(format!("pool {:?} has a share of 0", s.pool)));
+                }
+                if self.shares[..i].iter().any(|t| t.pool == s.pool) {
+                    return Err(shares(format!("pool {:?} has two shares", s.pool)));
+                }
+            }
+            let largest = self
+                .shares
+                .iter()
+                .reduce(|a, b| if b.percent > a.percent { b } else { a })
+                .map(|s| s.pool.as_str());
+            if largest != Some(self.pool.as_str()) {
+                return Err(crate::Invalid::new(
+                    "pool",
+                    format!("{:?} is not the largest share ({largest:?} is)", self.pool),
+                ));
+            }
+        }
+        let field = "alias_percent";
+        match self.alias_percent {
+            Some(p) if !(1..=99).contains(&p) => Err(crate::Invalid::new(
+                field,
+                format!("{p} is not from 1 to 99"),
+            )),
+            Some(_) if self.alias.is_none() => {
+                Err(crate::Invalid::new(field, "set without an alias"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One pool's share of a model's traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct PoolShare {
+    /// The pool.
+    pub pool: String,
+    /// Its share, in percent (1 to 100).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 100)))]
+    pub percent: u8,
 }
 
 /// An endpoint soft-block: lowest priority, not removal.
@@ -201,5 +283,120 @@ mod tests {
         assert_eq!("static".parse::<Rung>().unwrap(), Rung::Static);
         assert_eq!("1".parse::<Rung>().unwrap(), Rung::Failover);
         assert!("panic".parse::<Rung>().is_err());
+    }
+
+    fn route(
+        pool: &str,
+        shares: &[(&str, u8)],
+        alias: Option<&str>,
+        alias_percent: Option<u8>,
+    ) -> ModelRoute {
+        let t = Timestamp::from_millis(0);
+        ModelRoute {
+            rung: Rung::Failover,
+            pool: pool.into(),
+            alias: alias.map(Into::into),
+            alias_exempt: vec![],
+            faq: None,
+            since: t,
+            lease_until: t,
+            reason: String::new(),
+            alerts: vec![],
+            overridden: false,
+            shares: shares
+                .iter()
+                .map(|(pool, percent)| PoolShare {
+                    pool: (*pool).into(),
+                    percent: *percent,
+                })
+                .collect(),
+            alias_percent,
+        }
+    }
+
+    #[test]
+    fn an_entry_without_a_split_is_written_as_before_splits_existed() {
+        let json = serde_json::to_value(route("dc-a", &[], None, None)).unwrap();
+        assert!(json.get("shares").is_none(), "{json}");
+        assert!(json.get("alias_percent").is_none(), "{json}");
+        let back: ModelRoute = serde_json::from_value(json).unwrap();
+        assert!(back.shares.is_empty() && back.alias_percent.is_none());
+    }
+
+    #[test]
+    fn a_pool_s_share_reads_the_same_with_or_without_a_split() {
+        let whole = route("dc-a", &[], None, None);
+        assert_eq!(
+            (whole.percent_of("dc-a"), whole.percent_of("dc-b")),
+            (100, 0)
+        );
+        let split = route("dc-b", &[("dc-a", 25), ("dc-b", 75)], None, None);
+        assert_eq!(
+            (split.percent_of("dc-a"), split.percent_of("dc-b")),
+            (25, 75)
+        );
+        assert_eq!(split.percent_of("dc-c"), 0);
+    }
+
+    #[test]
+    fn a_malformed_split_is_refused_naming_the_field() {
+        let good = [
+            route("dc-a", &[], None, None),
+            route("dc-b", &[("dc-a", 25), ("dc-b", 75)], None, None),
+            route("dc-a", &[("dc-a", 50), ("dc-b", 50)], None, None),
+            route("dc-a", &[], Some("qwen-14b"), Some(50)),
+        ];
+        for r in good {
+            assert_eq!(r.check_split(), Ok(()), "{r:?}");
+        }
+        let bad = [
+            (
+                route("dc-a", &[("dc-a", 60), ("dc-b", 50)], None, None),
+                "shares",
+                "they sum to 110, not 100",
+            ),
+            (
+                route("dc-a", &[("dc-a", 100), ("dc-b", 0)], None, None),
+                "shares",
+                "pool \"dc-b\" has a share of 0",
+            ),
+            (
+                route("dc-a", &[("dc-a", 50), ("dc-a", 50)], None, None),
+                "shares",
+                "pool \"dc-a\" has two shares",
+            ),
+            (
+                route("dc-a", &[("dc-a", 25), ("dc-b", 75)], None, None),
+                "pool",
+                "\"dc-a\" is not the largest share (Some(\"dc-b\") is)",
+            ),
+            (
+                route("dc-b", &[("dc-a", 50), ("dc-b", 50)], None, None),
+                "pool",
+                "\"dc-b\" is not the largest share (Some(\"dc-a\") is)",
+            ),
+            (
+                route("dc-a", &[], Some("qwen-14b"), Some(100)),
+                "alias_percent",
+                "100 is not from 1 to 99",
+            ),
+            (
+                route("dc-a", &[], Some("qwen-14b"), Some(0)),
+                "alias_percent",
+                "0 is not from 1 to 99",
+            ),
+            (
+                route("dc-a", &[], None, Some(50)),
+                "alias_percent",
+                "set without an alias",
+            ),
+        ];
+        for (r, field, problem) in bad {
+            assert_eq!(
+                r.check_split(),
+                Err(crate::Invalid::new(field, problem)),
+                "{r:?}"
+            );
+        }
     }
 }

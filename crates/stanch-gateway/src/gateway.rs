@@ -215,6 +215,9 @@ impl Gateway {
         let faqs: Vec<String> = config.faq_sets.keys().cloned().collect();
         Arc::new(move |t: &RouteTable| {
             for (name, m) in &t.models {
+                m.check_split().map_err(|e| {
+                    stanch_api::Invalid::new(format!("models.{name}.{}", e.field), e.problem)
+                })?;
                 if let Some(faq) = &m.faq
                     && !faqs.contains(faq)
                 {

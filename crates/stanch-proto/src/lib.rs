@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use stanch_api::{BlockedEndpoint, Fingerprint, ModelRoute, RouteTable, Rung, Timestamp};
+use stanch_api::{
+    BlockedEndpoint, Fingerprint, ModelRoute, PoolShare, RouteTable, Rung, Timestamp,
+};
 
 /// Package `stanch.v1`: messages, `route_watch_client` and `route_watch_server`.
 #[allow(
@@ -102,6 +104,15 @@ impl From<&ModelRoute> for v1::ModelRoute {
             reason: m.reason.clone(),
             alerts: m.alerts.iter().map(ToString::to_string).collect(),
             overridden: m.overridden,
+            shares: m
+                .shares
+                .iter()
+                .map(|s| v1::PoolShare {
+                    pool: s.pool.clone(),
+                    percent: s.percent.into(),
+                })
+                .collect(),
+            alias_percent: m.alias_percent.map(u32::from),
         }
     }
 }
@@ -187,6 +198,27 @@ fn model_route(name: &str, m: v1::ModelRoute) -> Result<ModelRoute, BadTable> {
                 .map_err(|e| bad(field(&format!("alerts[{i}]")), e.to_string()))
         })
         .collect::<Result<_, _>>()?;
+    let percent = |f: String, p: u32| {
+        u8::try_from(p)
+            .ok()
+            .filter(|p| *p <= 100)
+            .ok_or_else(|| bad(f, format!("{p} is not a percentage")))
+    };
+    let shares = m
+        .shares
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Ok(PoolShare {
+                percent: percent(field(&format!("shares[{i}].percent")), s.percent)?,
+                pool: s.pool,
+            })
+        })
+        .collect::<Result<_, BadTable>>()?;
+    let alias_percent = m
+        .alias_percent
+        .map(|p| percent(field("alias_percent"), p))
+        .transpose()?;
     Ok(ModelRoute {
         rung,
         since: timestamp(|| field("since_unix_ms"), m.since_unix_ms)?,
@@ -198,6 +230,8 @@ fn model_route(name: &str, m: v1::ModelRoute) -> Result<ModelRoute, BadTable> {
         reason: m.reason,
         alerts,
         overridden: m.overridden,
+        shares,
+        alias_percent,
     })
 }
 
@@ -222,6 +256,11 @@ mod tests {
             ".{0,24}",
             proptest::collection::vec(any::<u64>().prop_map(Fingerprint), 0..3),
             any::<bool>(),
+            proptest::collection::vec(
+                (".{0,8}", 0u8..=100).prop_map(|(pool, percent)| PoolShare { pool, percent }),
+                0..3,
+            ),
+            proptest::option::of(0u8..=100),
         )
             .prop_map(
                 |(
@@ -234,6 +273,8 @@ mod tests {
                     reason,
                     alerts,
                     overridden,
+                    shares,
+                    alias_percent,
                 )| {
                     ModelRoute {
                         rung,
@@ -246,6 +287,8 @@ mod tests {
                         reason,
                         alerts,
                         overridden,
+                        shares,
+                        alias_percent,
                     }
                 },
             )

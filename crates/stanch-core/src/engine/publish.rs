@@ -52,6 +52,8 @@ impl Engine {
                     reason: st.reason.clone(),
                     alerts: st.alerts.clone(),
                     overridden: st.force.is_some(),
+                    shares: Vec::new(),
+                    alias_percent: None,
                 };
                 (name.clone(), route)
             })

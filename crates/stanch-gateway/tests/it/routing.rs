@@ -369,3 +369,32 @@ async fn the_proxied_routes_take_only_post_and_the_others_only_get() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["object"], "list");
 }
+
+/// A table whose split the wire does not allow is refused before it is applied, naming
+/// the model and the field: the controller shows it as a NACK.
+#[test]
+fn a_table_with_a_malformed_split_is_refused_naming_the_field() {
+    let config = stanch_gateway::config::GatewayConfig::from_yaml(
+        "models:\n  qwen-72b:\n    pools:\n      - {name: dc-a, endpoints: [{url: 'http://127.0.0.1:9'}]}\n",
+    )
+    .unwrap();
+    let validate = stanch_gateway::Gateway::validator(&config);
+    let mut table: stanch_api::RouteTable = serde_json::from_value(serde_json::json!({
+        "version": 1, "epoch": "e", "hash": "", "generated_at": "2026-12-07T00:00:00Z",
+        "models": {"qwen-72b": {"rung": "failover", "pool": "dc-b", "alias": null, "faq": null,
+            "since": "2026-12-07T00:00:00Z", "lease_until": "2026-12-07T00:02:00Z",
+            "reason": "", "overridden": false,
+            "shares": [{"pool": "dc-a", "percent": 25}, {"pool": "dc-b", "percent": 75}]}},
+        "blocked": []
+    }))
+    .unwrap();
+    assert_eq!(validate(&table), Ok(()), "a split as the wire allows it");
+    table.models.get_mut("qwen-72b").unwrap().shares[1].percent = 70;
+    assert_eq!(
+        validate(&table),
+        Err(stanch_api::Invalid::new(
+            "models.qwen-72b.shares",
+            "they sum to 95, not 100"
+        ))
+    );
+}

@@ -162,6 +162,8 @@ impl Setup {
                     reason: "test".into(),
                     alerts: vec![],
                     overridden: false,
+                    shares: Vec::new(),
+                    alias_percent: None,
                 };
                 (m.to_string(), route)
             })

@@ -16,6 +16,8 @@ fn route(rung: Rung, overridden: bool) -> ModelRoute {
         reason: "pool dc-a failing".into(),
         alerts: vec![],
         overridden,
+        shares: Vec::new(),
+        alias_percent: None,
     }
 }
 

@@ -139,6 +139,8 @@ fn the_route_table_status_is_the_table_as_the_watch_serves_it() {
             reason: "pool dc-a failing".into(),
             alerts: vec![],
             overridden: false,
+            shares: Vec::new(),
+            alias_percent: None,
         },
     )]);
     let blocked = vec![BlockedEndpoint {

@@ -97,8 +97,8 @@ async fn start(
     while Instant::now() < deadline {
         let answered = match ready {
             Ready::Webhook => {
-                http.post(format!("{}/v1/alerts/alertmanager", process.base))
-                    .body(toggling_webhook(0))
+                let hook = format!("{}/v1/alerts/alertmanager", process.base);
+                crate::webhook(&http, &hook, toggling_webhook(0))
                     .send()
                     .await
             }
@@ -186,12 +186,14 @@ async fn storm(base: &str, alerts: usize, batch: usize, secs: u64) -> anyhow::Re
         );
         tasks.push(tokio::spawn(async move {
             let sent = Instant::now();
-            let ok =
-                tokio::time::timeout(Duration::from_secs(30), http.post(&hook).body(body).send())
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .is_some_and(|r| r.status().is_success());
+            let ok = tokio::time::timeout(
+                Duration::from_secs(30),
+                crate::webhook(&http, &hook, body).send(),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .is_some_and(|r| r.status().is_success());
             if ok {
                 latencies.lock().expect("latencies").push(sent.elapsed());
             } else {

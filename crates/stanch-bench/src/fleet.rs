@@ -439,9 +439,8 @@ async fn round(
 ) -> anyhow::Result<(u64, Instant, [Vec<Duration>; 3])> {
     arrivals.lock().unwrap().clear();
     let started = Instant::now();
-    let answer: Value = http
-        .post(format!("{base}/v1/alerts/alertmanager"))
-        .body(toggling_webhook(20_000 + n))
+    let hook = format!("{base}/v1/alerts/alertmanager");
+    let answer: Value = crate::webhook(http, &hook, toggling_webhook(20_000 + n))
         .send()
         .await?
         .json()

@@ -195,6 +195,18 @@ impl Drop for Server {
     }
 }
 
+/// A webhook post as Alertmanager sends it: JSON, saying so (a controller without
+/// tokens refuses a state change that does not, so that a browser cannot send one).
+pub(crate) fn webhook(
+    http: &reqwest::Client,
+    url: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    http.post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+}
+
 /// A webhook that always changes the route table: the failover alert for qwen-72b
 /// dc-a, firing (with a fresh start) or resolved, in turn.
 fn toggling_webhook(round: usize) -> String {
@@ -323,9 +335,7 @@ async fn webhook_latency(
             break;
         }
         let started = Instant::now();
-        let answer: Value = http
-            .post(&hook)
-            .body(toggling_webhook(round))
+        let answer: Value = webhook(http, &hook, toggling_webhook(round))
             .send()
             .await?
             .json()
@@ -395,7 +405,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
                     })
                     .collect();
                 let body = json!({"version": "4", "status": "firing", "alerts": alerts}).to_string();
-                match http.post(&hook).body(body).send().await {
+                match webhook(&http, &hook, body).send().await {
                     Ok(r) if r.status().is_success() => {
                         sent.fetch_add(10, Ordering::Relaxed);
                     }
@@ -488,9 +498,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     for round in 0..args.fanout_rounds {
         arrivals.lock().unwrap().clear();
         let started = Instant::now();
-        let answer: Value = http
-            .post(&hook)
-            .body(toggling_webhook(10_000 + round))
+        let answer: Value = webhook(&http, &hook, toggling_webhook(10_000 + round))
             .send()
             .await?
             .json()

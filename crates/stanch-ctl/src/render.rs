@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 use stanch_api::status::{HistoryEntry, StatusReport};
-use stanch_api::{RouteTable, Timestamp};
+use stanch_api::{ModelRoute, RouteTable, Timestamp};
 
 /// `s` with every control character written as an escape (`\n`, `\u{1b}`): a value
 /// from outside (an alert's label, a reason, a gateway's name) stays on its own line
@@ -321,8 +321,8 @@ pub(crate) fn render_routes(t: &RouteTable) -> String {
             vec![
                 name.clone(),
                 m.rung.to_string(),
-                m.pool.clone(),
-                m.alias.clone().unwrap_or_else(|| "-".into()),
+                pools_cell(m),
+                alias_cell(m),
                 m.faq.clone().unwrap_or_else(|| "-".into()),
                 m.lease_until.to_string(),
             ]
@@ -344,4 +344,72 @@ pub(crate) fn render_routes(t: &RouteTable) -> String {
         .ok();
     }
     out
+}
+
+/// Where a model's own traffic goes: its pool, or each pool's share while it is split
+/// (`dc-a 25% dc-b 75%`).
+fn pools_cell(m: &ModelRoute) -> String {
+    if m.shares.is_empty() {
+        return m.pool.clone();
+    }
+    m.shares
+        .iter()
+        .map(|s| format!("{} {}%", s.pool, s.percent))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Where non-VIP traffic goes: the alias, with its percentage while it moves in steps.
+fn alias_cell(m: &ModelRoute) -> String {
+    match (&m.alias, m.alias_percent) {
+        (None, _) => "-".into(),
+        (Some(alias), None) => alias.clone(),
+        (Some(alias), Some(p)) => format!("{alias} {p}%"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stanch_api::{PoolShare, Rung};
+
+    use super::*;
+
+    #[test]
+    fn a_split_shows_each_pool_s_share_and_the_alias_s_percentage() {
+        let t = Timestamp::from_millis(0);
+        let mut m = ModelRoute {
+            rung: Rung::Degraded,
+            pool: "dc-b".into(),
+            alias: Some("qwen-14b".into()),
+            alias_exempt: vec![],
+            faq: None,
+            since: t,
+            lease_until: t,
+            reason: String::new(),
+            alerts: vec![],
+            overridden: false,
+            shares: vec![],
+            alias_percent: None,
+        };
+        assert_eq!(
+            (pools_cell(&m), alias_cell(&m)),
+            ("dc-b".into(), "qwen-14b".into())
+        );
+        m.shares = vec![
+            PoolShare {
+                pool: "dc-a".into(),
+                percent: 25,
+            },
+            PoolShare {
+                pool: "dc-b".into(),
+                percent: 75,
+            },
+        ];
+        m.alias_percent = Some(50);
+        assert_eq!(pools_cell(&m), "dc-a 25% dc-b 75%");
+        assert_eq!(alias_cell(&m), "qwen-14b 50%");
+        m.alias = None;
+        m.alias_percent = None;
+        assert_eq!(alias_cell(&m), "-");
+    }
 }

@@ -10,6 +10,8 @@ promtool check rules rules/stanch.rules.yml
 promtool test rules rules/tests/*.test.yml
 # With the demo linked, so that `stanch demo` is tested too.
 cargo test --workspace --locked --features stanch/demo "$@"
+# Every benchmark, briefly: they are not otherwise run by CI.
+scripts/bench-smoke.sh
 # What needs root (mounting a tmpfs): ignored by cargo test, run here when root.
 if [ "$(id -u)" = 0 ]; then
     cargo test --locked -p stanch --features demo --test it -- --ignored --exact \

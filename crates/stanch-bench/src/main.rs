@@ -498,7 +498,9 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     for round in 0..args.fanout_rounds {
         arrivals.lock().unwrap().clear();
         let started = Instant::now();
-        let answer: Value = webhook(&http, &hook, toggling_webhook(10_000 + round))
+        // The toggle goes on from the latency rounds, so each round changes the table
+        // whatever their count.
+        let answer: Value = webhook(&http, &hook, toggling_webhook(args.latency_rounds + round))
             .send()
             .await?
             .json()

@@ -5,7 +5,7 @@
 //! takes seconds); Alertmanager notifies stanch; stanch decides; the gateways follow.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,24 +18,10 @@ use stanch_mock::{Mock, MockConfig};
 use stanch_ports::clock::SystemClock;
 use stanch_testkit::http::Fetch;
 use stanch_testkit::net::free_port as port;
-use stanch_testkit::process::Running;
+use stanch_testkit::process::{Running, program};
 use tokio::time::Instant;
 
 const INGEST: &str = "e2e-ingest";
-
-/// The first of `names` on `PATH`, or in `/usr/sbin` where Debian puts daemons.
-pub(crate) fn bin(names: &[&str]) -> PathBuf {
-    let path = std::env::var("PATH").unwrap_or_default();
-    for name in names {
-        for dir in path.split(':').chain(["/usr/sbin"]) {
-            let p = Path::new(dir).join(name);
-            if p.is_file() {
-                return p;
-            }
-        }
-    }
-    panic!("{} not found: run scripts/install-test-deps.sh", names[0]);
-}
 
 /// Waits for `url` to answer 200: a process started by the closed loop.
 async fn ready(url: &str) {
@@ -219,7 +205,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
     );
     std::fs::write(dir.path().join("am.yml"), am_config).unwrap();
     procs.push(Running::spawn(
-        Command::new(bin(&["prometheus-alertmanager", "alertmanager"]))
+        Command::new(program(&["prometheus-alertmanager", "alertmanager"]))
             .arg(format!(
                 "--config.file={}",
                 dir.path().join("am.yml").display()
@@ -255,7 +241,7 @@ async fn closed_loop_with(rules: String, blocking: &str) -> Loop {
     );
     std::fs::write(dir.path().join("prom.yml"), prom_config).unwrap();
     procs.push(Running::spawn(
-        Command::new(bin(&["prometheus"]))
+        Command::new(program(&["prometheus"]))
             .arg(format!(
                 "--config.file={}",
                 dir.path().join("prom.yml").display()
@@ -393,13 +379,10 @@ fn traffic(gateways: &[(String, Arc<Gateway>)], timeline: Arc<Timeline>) -> Traf
 /// Waits until `check` holds (up to `within`), returning when it first did.
 async fn until<F: Fn() -> bool>(within: Duration, check: F) -> Option<Duration> {
     let start = Instant::now();
-    while start.elapsed() < within {
-        if check() {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
+    stanch_testkit::wait::some_within(within, || {
+        std::future::ready(check().then(|| start.elapsed()))
+    })
+    .await
 }
 
 fn rung(gw: &Gateway, model: &str) -> Option<(String, String, u64)> {

@@ -9,8 +9,9 @@ use std::path::Path;
 
 use stanch_testkit::files::rust_sources;
 
-/// A call of a sleep, written so that this file holds none.
-const SLEEP: &str = concat!("::", "sleep(");
+/// A call of a sleep, qualified or not (`tokio::time::sleep(`, `thread::sleep(`,
+/// `sleep(` imported), written so that this file holds none; not `sleep_until(`.
+const SLEEP: &str = concat!(r"\bsle", r"ep\(");
 
 /// What the kit's docs list: file → sleeps.
 fn listed(root: &Path) -> BTreeMap<String, usize> {
@@ -32,13 +33,14 @@ fn found(root: &Path) -> BTreeMap<String, usize> {
     for entry in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
         dirs.push(entry.path().join("tests"));
     }
+    let sleep = regex::Regex::new(SLEEP).unwrap();
     let mut counts = BTreeMap::new();
     for file in dirs.iter().flat_map(|d| rust_sources(d, true)) {
         let text = std::fs::read_to_string(&file).unwrap();
         let n: usize = text
             .lines()
             .filter(|l| !l.trim_start().starts_with("//"))
-            .map(|l| l.matches(SLEEP).count())
+            .map(|l| sleep.find_iter(l).count())
             .sum();
         if n > 0 {
             let relative = file.strip_prefix(root).unwrap();
@@ -86,16 +88,21 @@ fn a_sleep_not_listed_and_a_listing_without_its_sleep_are_both_found() {
         "//! | `tests/it/gone.rs` | 1 | pacing |\n",
     )
     .unwrap();
+    // Written in pieces, so that this file holds no call of its own.
+    let (call, until) = (concat!("sle", "ep("), concat!("sle", "ep_until("));
     std::fs::write(
         root.path().join("tests/it/new.rs"),
         format!(
-            "// std::thread{SLEEP}x) in a comment is not one\nfn f() {{ std::thread{SLEEP}d); }}\n"
+            "// std::thread::{call}x) in a comment is not one\n\
+             fn f() {{ std::thread::{call}d); }}\n\
+             async fn g() {{ {call}d).await; tokio::time::{until}t).await; }}\n"
         ),
     )
     .unwrap();
     assert_eq!(
         found(root.path()),
-        BTreeMap::from([("tests/it/new.rs".to_owned(), 1)])
+        BTreeMap::from([("tests/it/new.rs".to_owned(), 2)]),
+        "qualified and imported calls count; a comment and sleep_until do not"
     );
     assert_eq!(
         listed(root.path()),

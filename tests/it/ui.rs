@@ -62,7 +62,7 @@ http {{
         )
         .unwrap();
         let child = Running::spawn(
-            Command::new(crate::e2e::bin(&["nginx"]))
+            Command::new(stanch_testkit::process::program(&["nginx"]))
                 .args(["-p"])
                 .arg(dir)
                 .arg("-c")

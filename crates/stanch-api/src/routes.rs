@@ -146,35 +146,30 @@ pub struct ModelRoute {
 }
 
 impl ModelRoute {
-    /// The share of the model's own traffic `pool` serves, in percent.
-    pub fn percent_of(&self, pool: &str) -> u8 {
-        if self.shares.is_empty() {
-            return if self.pool == pool { 100 } else { 0 };
-        }
-        self.shares
-            .iter()
-            .find(|s| s.pool == pool)
-            .map_or(0, |s| s.percent)
-    }
-
     /// Whether `shares` and `alias_percent` are as the wire promises: shares of
     /// distinct pools, each over 0, summing to 100, `pool` the largest (the first on
     /// a tie); an alias percentage from 1 to 99, with an alias. What a gateway checks
     /// before it applies a table.
     pub fn check_split(&self) -> Result<(), crate::Invalid> {
-        let shares = |problem: String| crate::Invalid::new("shares", problem);
+        use crate::Invalid;
         if !self.shares.is_empty() {
-            let total: u32 = self.shares.iter().map(|s| u32::from(s.percent)).sum();
-            if total != 100 {
-                return Err(shares(format!("they sum to {total}, not 100")));
-            }
             for (i, s) in self.shares.iter().enumerate() {
                 if s.percent == 0 {
-                    return Err(shares(format!("pool {:?} has a share of 0", s.pool)));
+                    return Err(Invalid::new(format!("shares[{i}].percent"), "0"));
                 }
                 if self.shares[..i].iter().any(|t| t.pool == s.pool) {
-                    return Err(shares(format!("pool {:?} has two shares", s.pool)));
+                    return Err(Invalid::new(
+                        format!("shares[{i}].pool"),
+                        format!("{:?} has a share already", s.pool),
+                    ));
                 }
+            }
+            let total: u32 = self.shares.iter().map(|s| u32::from(s.percent)).sum();
+            if total != 100 {
+                return Err(Invalid::new(
+                    "shares",
+                    format!("they sum to {total}, not 100"),
+                ));
             }
             let largest = self
                 .shares
@@ -182,7 +177,7 @@ impl ModelRoute {
                 .reduce(|a, b| if b.percent > a.percent { b } else { a })
                 .map(|s| s.pool.as_str());
             if largest != Some(self.pool.as_str()) {
-                return Err(crate::Invalid::new(
+                return Err(Invalid::new(
                     "pool",
                     format!("{:?} is not the largest share ({largest:?} is)", self.pool),
                 ));
@@ -190,13 +185,10 @@ impl ModelRoute {
         }
         let field = "alias_percent";
         match self.alias_percent {
-            Some(p) if !(1..=99).contains(&p) => Err(crate::Invalid::new(
-                field,
-                format!("{p} is not from 1 to 99"),
-            )),
-            Some(_) if self.alias.is_none() => {
-                Err(crate::Invalid::new(field, "set without an alias"))
+            Some(p) if !(1..=99).contains(&p) => {
+                Err(Invalid::new(field, format!("{p} is not from 1 to 99")))
             }
+            Some(_) if self.alias.is_none() => Err(Invalid::new(field, "set without an alias")),
             _ => Ok(()),
         }
     }
@@ -324,21 +316,6 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_s_share_reads_the_same_with_or_without_a_split() {
-        let whole = route("dc-a", &[], None, None);
-        assert_eq!(
-            (whole.percent_of("dc-a"), whole.percent_of("dc-b")),
-            (100, 0)
-        );
-        let split = route("dc-b", &[("dc-a", 25), ("dc-b", 75)], None, None);
-        assert_eq!(
-            (split.percent_of("dc-a"), split.percent_of("dc-b")),
-            (25, 75)
-        );
-        assert_eq!(split.percent_of("dc-c"), 0);
-    }
-
-    #[test]
     fn a_malformed_split_is_refused_naming_the_field() {
         let good = [
             route("dc-a", &[], None, None),
@@ -357,13 +334,13 @@ mod tests {
             ),
             (
                 route("dc-a", &[("dc-a", 100), ("dc-b", 0)], None, None),
-                "shares",
-                "pool \"dc-b\" has a share of 0",
+                "shares[1].percent",
+                "0",
             ),
             (
                 route("dc-a", &[("dc-a", 50), ("dc-a", 50)], None, None),
-                "shares",
-                "pool \"dc-a\" has two shares",
+                "shares[1].pool",
+                "\"dc-a\" has a share already",
             ),
             (
                 route("dc-a", &[("dc-a", 25), ("dc-b", 75)], None, None),

@@ -370,46 +370,30 @@ fn alias_cell(m: &ModelRoute) -> String {
 
 #[cfg(test)]
 mod tests {
-    use stanch_api::{PoolShare, Rung};
-
     use super::*;
 
     #[test]
     fn a_split_shows_each_pool_s_share_and_the_alias_s_percentage() {
-        let t = Timestamp::from_millis(0);
-        let mut m = ModelRoute {
-            rung: Rung::Degraded,
-            pool: "dc-b".into(),
-            alias: Some("qwen-14b".into()),
-            alias_exempt: vec![],
-            faq: None,
-            since: t,
-            lease_until: t,
-            reason: String::new(),
-            alerts: vec![],
-            overridden: false,
-            shares: vec![],
-            alias_percent: None,
+        let route = |split: serde_json::Value| -> ModelRoute {
+            let mut entry = serde_json::json!({"rung": "degraded", "pool": "dc-b",
+                "alias": "qwen-14b", "faq": null, "since": "2026-12-07T00:00:00Z",
+                "lease_until": "2026-12-07T00:02:00Z", "reason": "", "overridden": false});
+            entry
+                .as_object_mut()
+                .unwrap()
+                .extend(split.as_object().unwrap().clone());
+            serde_json::from_value(entry).unwrap()
         };
+        let whole = route(serde_json::json!({}));
         assert_eq!(
-            (pools_cell(&m), alias_cell(&m)),
+            (pools_cell(&whole), alias_cell(&whole)),
             ("dc-b".into(), "qwen-14b".into())
         );
-        m.shares = vec![
-            PoolShare {
-                pool: "dc-a".into(),
-                percent: 25,
-            },
-            PoolShare {
-                pool: "dc-b".into(),
-                percent: 75,
-            },
-        ];
-        m.alias_percent = Some(50);
-        assert_eq!(pools_cell(&m), "dc-a 25% dc-b 75%");
-        assert_eq!(alias_cell(&m), "qwen-14b 50%");
-        m.alias = None;
-        m.alias_percent = None;
-        assert_eq!(alias_cell(&m), "-");
+        let split = route(serde_json::json!({"alias_percent": 50,
+            "shares": [{"pool": "dc-a", "percent": 25}, {"pool": "dc-b", "percent": 75}]}));
+        assert_eq!(pools_cell(&split), "dc-a 25% dc-b 75%");
+        assert_eq!(alias_cell(&split), "qwen-14b 50%");
+        let none = route(serde_json::json!({"alias": null}));
+        assert_eq!(alias_cell(&none), "-");
     }
 }

@@ -70,12 +70,8 @@ pub trait Fetch {
 
 impl Fetch for reqwest::RequestBuilder {
     async fn fetch_json<T: serde::de::DeserializeOwned>(self) -> T {
-        let answer = self.send().await.unwrap_or_else(|e| panic!("{e}"));
-        let url = answer.url().clone();
-        answer
-            .json()
-            .await
-            .unwrap_or_else(|e| panic!("the answer of {url} as JSON: {e}"))
+        let text = self.fetch_text().await;
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not the JSON expected: {e}: {text}"))
     }
 
     async fn fetch_text(self) -> String {

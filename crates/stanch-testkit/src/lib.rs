@@ -54,7 +54,7 @@
 //! | `crates/stanch-server/tests/it/watch.rs` | 1 | no signal: long-poll watchers parked |
 //! | `tests/it/cli.rs` | 1 | negative: a reload the controller refuses changes nothing served |
 //! | `tests/it/drill.rs` | 6 | pacing: kills at random times, senders backing off on 503, a full disk filling |
-//! | `tests/it/e2e.rs` | 12 | pacing: caller traffic, steady traffic before a fault, flap cycles, samples every 100 ms, time-to-heal polls; Prometheus scraping the decisions |
+//! | `tests/it/e2e.rs` | 11 | pacing: caller traffic, steady traffic before a fault, flap cycles, samples every 100 ms, time-to-heal polls; Prometheus scraping the decisions |
 //! | `tests/it/early.rs` | 1 | scripted peer: a client that sends its body late |
 //! | `tests/it/flood.rs` | 1 | no signal: the last of a round's connections answered or refused |
 //! | `tests/it/ha.rs` | 2 | pacing: a gateway's poll, requests through an API server outage |

@@ -1,8 +1,24 @@
 //! Child processes that a test starts and that end with it, however it ends.
 
 use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
+
+/// The first of `names` found on `PATH`, or in `/usr/sbin` where Debian puts daemons
+/// (nginx, Alertmanager); panics naming what to install.
+pub fn program(names: &[&str]) -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    names
+        .iter()
+        .flat_map(|name| {
+            path.split(':')
+                .chain(["/usr/sbin"])
+                .map(move |dir| PathBuf::from(dir).join(name))
+        })
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{} not found: run scripts/install-test-deps.sh", names[0]))
+}
 
 /// A running child process, stopped and reaped when dropped: killed, or first asked
 /// to stop with SIGTERM when [`Running::terminate_on_drop`] says so (what a process
@@ -82,6 +98,22 @@ impl Drop for Running {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_is_found_by_its_first_name_on_the_path() {
+        let sleep = program(&["no-such-program-here", "sleep"]);
+        assert!(
+            sleep.ends_with("sleep") && sleep.is_file(),
+            "{}",
+            sleep.display()
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "no-such-program-here not found")]
+    fn a_missing_program_says_what_to_install() {
+        program(&["no-such-program-here"]);
+    }
 
     #[test]
     fn a_dropped_process_is_stopped_and_reaped() {

@@ -2,7 +2,6 @@
 //! `scripts/install-test-deps.sh`): its webhook reaches stanch with bearer auth, and
 //! reconciliation repairs what lost notifications left out.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -10,27 +9,10 @@ use serde_json::{Value, json};
 use stanch_api::HumanDuration;
 use stanch_server::config::{AlertmanagerConfig, ServerConfig};
 use stanch_testkit::net::free_port;
-use stanch_testkit::process::Running;
+use stanch_testkit::process::{Running, program};
 use stanch_testkit::wait::until;
 
 use crate::support::*;
-
-fn alertmanager_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("STANCH_ALERTMANAGER_BIN") {
-        return PathBuf::from(p);
-    }
-    for name in ["prometheus-alertmanager", "alertmanager"] {
-        for dir in std::env::var("PATH").unwrap_or_default().split(':') {
-            let candidate = PathBuf::from(dir).join(name);
-            if candidate.is_file() {
-                return candidate;
-            }
-        }
-    }
-    panic!(
-        "Alertmanager not found: run scripts/install-test-deps.sh (or set STANCH_ALERTMANAGER_BIN)"
-    );
-}
 
 struct Alertmanager {
     _child: Running,
@@ -61,7 +43,7 @@ receivers:
         );
         std::fs::write(dir.path().join("am.yml"), config).unwrap();
         let child = Running::spawn(
-            Command::new(alertmanager_bin())
+            Command::new(program(&["prometheus-alertmanager", "alertmanager"]))
                 .arg(format!(
                     "--config.file={}",
                     dir.path().join("am.yml").display()

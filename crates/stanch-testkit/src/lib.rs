@@ -3,6 +3,8 @@
 //!
 //! - [`process`]: child processes that end with the test ([`process::Running`]).
 //! - [`wait`]: waiting for a condition, bounded by a deadline, instead of sleeping.
+//! - `time` (feature `clock`): tokio's clock paused, and the controller's `Clock` port
+//!   moving with it.
 //! - [`http`]: clients that go straight to loopback, and readiness.
 //! - [`net`]: free ports, slow senders, and reading an answer to its end.
 //! - [`files`]: the workspace's sources, for tests that read the code.
@@ -12,11 +14,15 @@
 //!
 //! A test whose only clock is tokio's runs on the paused clock
 //! (`#[tokio::test(start_paused = true)]`): its timers fire in order at no cost in
-//! real time, and the waits of [`wait`] advance with it. The controller takes its
-//! clock as a port, so its suites move a hand-held clock instead
+//! real time, and the waits of [`wait`] advance with it. Code that also reads the wall
+//! clock through the `Clock` port (the election's terms, the controller's TTLs) runs
+//! on `time::Paused` where it talks to nothing outside the test's runtime: one clock,
+//! paused, that both read, so a lease renewed every second is renewed at the second
+//! by both (`crates/stanch-kube/tests/it/sequence.rs`). A controller serving real
+//! sockets cannot pause tokio's clock, so its suites move a hand-held clock instead
 //! (`stanch_ports::clock::ManualClock`, driven by the harness in
 //! `crates/stanch-server/tests/it/support.rs`): leases, TTLs and hold times pass in
-//! a call.
+//! a call, and the engine task notices a stepped clock within a second.
 //!
 //! The suites in `tests/` folders cannot pause time where they drive real processes
 //! (the binaries, Prometheus, Alertmanager, nginx, a container) or real sockets
@@ -46,7 +52,6 @@
 //! | `crates/stanch-gateway/tests/it/failures.rs` | 8 | negatives: failing probes keep a block, a pool in use is not probed; pacing: probe intervals, a request every 5 ms |
 //! | `crates/stanch-gateway/tests/it/routing.rs` | 1 | pacing: a 200 ms lease running out on the gateway's own clock |
 //! | `crates/stanch-gateway/tests/it/slow.rs` | 1 | no signal: stalled senders accepted |
-//! | `crates/stanch-kube/tests/it/sequence.rs` | 1 | pacing: a renewal a third of the lease later, on the elector's own clock |
 //! | `crates/stanch-server/tests/it/grpc.rs` | 3 | negatives: still connected past the slow-client timeout, the heartbeat reader never cut off; a status poll |
 //! | `crates/stanch-server/tests/it/reconcile.rs` | 1 | no signal: Alertmanager's first, failed, try |
 //! | `crates/stanch-server/tests/it/slow.rs` | 1 | no signal: stalled senders accepted |
@@ -65,4 +70,6 @@ pub mod files;
 pub mod http;
 pub mod net;
 pub mod process;
+#[cfg(feature = "clock")]
+pub mod time;
 pub mod wait;

@@ -12,12 +12,14 @@ use axum::body::Bytes;
 use axum::http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
+use stanch_api::Timestamp;
 use stanch_kube::election::Election;
 use stanch_kube::lease::Elector;
 use stanch_kube::publish::RouteTableWriter;
 use stanch_kube::store::KubeStore;
 use stanch_ports::leadership::{Leadership, Role};
 use stanch_ports::store::StateStore;
+use stanch_testkit::time::Paused;
 
 /// One request as it came.
 #[derive(Debug, Clone)]
@@ -124,6 +126,9 @@ fn lease(rv: &str, holder: Option<&str>) -> Value {
 
 #[tokio::test]
 async fn the_election_takes_a_free_lease_renews_it_by_its_version_and_gives_it_up() {
+    // The elector's terms are read off the Clock port, its renewals sleep on tokio's
+    // timers: one paused clock moves both.
+    let time = Paused::start(Timestamp::parse_rfc3339("2026-12-02T00:00:00Z").unwrap());
     let (client, seen) = scripted(vec![
         not_found("stanch"),
         answer(201, lease("1", Some("stanch-0"))),
@@ -139,7 +144,7 @@ async fn the_election_takes_a_free_lease_renews_it_by_its_version_and_gives_it_u
         kube::Api::namespaced(client, "monitoring"),
         "stanch",
         Elector::new("stanch-0", Duration::from_secs(3), Duration::from_secs(1)),
-        Arc::new(stanch_ports::clock::SystemClock),
+        Arc::new(time),
         leadership.clone(),
     );
     let guard = election.guard();
@@ -147,8 +152,8 @@ async fn the_election_takes_a_free_lease_renews_it_by_its_version_and_gives_it_u
     let running = tokio::spawn(election.run(async {
         let _ = stopped.await;
     }));
-    // Renewed a third of the lease later.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Renewed a third of the lease later (one renewal, as scripted), by both clocks.
+    time.advance(Duration::from_millis(1_500)).await;
     assert_eq!(leadership.role(), Role::Leader);
     assert!(guard(), "the term lasts");
     stop.send(()).unwrap();
@@ -194,7 +199,7 @@ fn taking_the_store_over_writes_it_at_the_version_read_before_trusting_it() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let record = stanch_ports::store::Record {
         seq: 1,
-        at: stanch_api::Timestamp::from_millis(1_764_633_600_000),
+        at: Timestamp::from_millis(1_764_633_600_000),
         input: stanch_core::Input::Tick,
     };
     let journal = format!("{}\n", serde_json::to_string(&record).unwrap());
@@ -251,7 +256,7 @@ fn taking_the_store_over_writes_it_at_the_version_read_before_trusting_it() {
 
 #[tokio::test]
 async fn the_route_table_resource_is_applied_under_field_manager_stanch_once_per_version() {
-    let at = stanch_api::Timestamp::from_millis(1_764_633_600_000);
+    let at = Timestamp::from_millis(1_764_633_600_000);
     let table = stanch_core::Engine::new(
         stanch_core::Config::default_config(),
         stanch_core::Engine::fresh_state("e1".into(), at),

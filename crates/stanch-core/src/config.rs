@@ -379,6 +379,13 @@ pub struct MappingConfig {
     /// ...or read from this label.
     #[serde(default)]
     pub pool_label: Option<String>,
+    /// For `trigger-failover`: the percentage of the pool's traffic to move to the
+    /// next pool (1 to 100; all of it when not given), literally...
+    #[serde(default)]
+    pub shift: Option<u8>,
+    /// ...or read from this label of the alert (`75` or `75%`).
+    #[serde(default)]
+    pub shift_label: Option<String>,
     /// For `block-endpoint`: the label naming the endpoint.
     #[serde(default)]
     pub endpoint_label: Option<String>,
@@ -674,6 +681,25 @@ impl Config {
             if m.pool.is_some() && m.pool_label.is_some() {
                 problem(at.clone(), "give pool or pool_label, not both".into());
             }
+            if m.shift.is_some() && m.shift_label.is_some() {
+                problem(at.clone(), "give shift or shift_label, not both".into());
+            }
+            if let Some(shift) = m.shift
+                && !(1..=crate::mapping::ALL).contains(&shift)
+            {
+                problem(
+                    format!("{at}.shift"),
+                    format!("{shift} is not a percentage from 1 to 100"),
+                );
+            }
+            if (m.shift.is_some() || m.shift_label.is_some())
+                && action.is_some_and(|a| a != Action::TriggerFailover)
+            {
+                problem(
+                    format!("{at}.shift"),
+                    "only trigger-failover moves a share of a pool's traffic".into(),
+                );
+            }
             if action == Some(Action::BlockEndpoint) && m.endpoint_label.is_none() {
                 problem(
                     format!("{at}.endpoint_label"),
@@ -801,6 +827,16 @@ mappings:
   - name: m
     matchers: ['alertname=~"("']
     action: explode
+  - name: too-far
+    matchers: ['alertname="Slow"']
+    action: trigger-failover
+    target_model: a
+    shift: 101
+  - name: not-a-failover
+    matchers: ['alertname="Full"']
+    action: trigger-model-degradation
+    target_model: a
+    shift_label: move
 "#;
         let err = Config::from_yaml(yaml).unwrap_err();
         let ConfigError::Invalid(problems) = &err else {
@@ -818,6 +854,8 @@ mappings:
             "alerts.max_active",
             "mappings[0].matchers[0]",
             "mappings[0].action",
+            "mappings[1].shift",
+            "mappings[2].shift",
         ] {
             assert!(paths.contains(&expected), "missing {expected} in {paths:?}");
         }

@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use stanch_api::alerts::AlertSource;
+use stanch_api::routes::PoolShare;
 use stanch_api::{Fingerprint, HumanDuration, Rung, Timestamp};
 
 use crate::mapping::Condition;
@@ -167,6 +168,9 @@ pub enum Decision {
         to: Rung,
         /// The pool after.
         pool: String,
+        /// The split across pools after, if the traffic is split.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        shares: Vec<PoolShare>,
         /// The alias after.
         alias: Option<String>,
         /// Why.
@@ -181,6 +185,23 @@ pub enum Decision {
         from: String,
         /// To.
         to: String,
+        /// Why.
+        why: String,
+    },
+    /// A model's traffic moved between pools by share on the same rung.
+    SharesChanged {
+        /// The model.
+        model: String,
+        /// Each pool's share before (empty: `from_pool` took it all).
+        from: Vec<PoolShare>,
+        /// Each pool's share after (empty: `to_pool` takes it all).
+        to: Vec<PoolShare>,
+        /// The pool before.
+        from_pool: String,
+        /// The pool after.
+        to_pool: String,
+        /// True when traffic moved away from the primary, false when back toward it.
+        away: bool,
         /// Why.
         why: String,
     },
@@ -286,6 +307,21 @@ pub enum Decision {
     },
 }
 
+/// Shares as people read them: `dc-a 25% dc-b 75%`.
+struct Split<'a>(&'a [PoolShare]);
+
+impl fmt::Display for Split<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{} {}%", s.pool, s.percent)?;
+        }
+        Ok(())
+    }
+}
+
 impl Decision {
     /// The most `alertnames` an [`Decision::AlertLimit`] lists, and the most
     /// `endpoints` a [`Decision::BlockLimit`] lists.
@@ -296,6 +332,7 @@ impl Decision {
         match self {
             Decision::Transition { model, .. }
             | Decision::PoolChanged { model, .. }
+            | Decision::SharesChanged { model, .. }
             | Decision::FlapPinned { model, .. }
             | Decision::PinEnded { model } => Some(model),
             Decision::Blocked { model, .. }
@@ -324,6 +361,7 @@ impl Decision {
             Decision::AlertLimit { .. } => "alert_limit",
             Decision::Transition { .. } => "transition",
             Decision::PoolChanged { .. } => "pool_changed",
+            Decision::SharesChanged { .. } => "shares_changed",
             Decision::FlapPinned { .. } => "flap_pinned",
             Decision::PinEnded { .. } => "pin_ended",
             Decision::Configured { .. } => "configured",
@@ -412,10 +450,14 @@ impl fmt::Display for Decision {
                 from,
                 to,
                 pool,
+                shares,
                 alias,
                 rule,
             } => {
                 write!(f, "{model}: {from} -> {to} (pool {pool}")?;
+                if !shares.is_empty() {
+                    write!(f, ", {}", Split(shares))?;
+                }
                 if let Some(a) = alias {
                     write!(f, ", alias {a}")?;
                 }
@@ -445,6 +487,29 @@ impl fmt::Display for Decision {
                 why,
             } => {
                 write!(f, "{model}: pool {from} -> {to}: {why}")
+            }
+            Decision::SharesChanged {
+                model,
+                from,
+                to,
+                from_pool,
+                to_pool,
+                why,
+                ..
+            } => {
+                let side = |shares: &[PoolShare], pool: &str| {
+                    if shares.is_empty() {
+                        format!("{pool} 100%")
+                    } else {
+                        Split(shares).to_string()
+                    }
+                };
+                write!(
+                    f,
+                    "{model}: shares {} -> {}: {why}",
+                    side(from, from_pool),
+                    side(to, to_pool)
+                )
             }
             Decision::FlapPinned {
                 model,

@@ -5,22 +5,32 @@
 //! conditions require. [`evaluate`] moves the model toward it: up at once, down one
 //! viable rung at a time after the stabilization window and the minimum dwell, never
 //! while pinned by the flap guard, and not at all while forced or frozen.
+//!
+//! A condition can move a share of a pool's traffic rather than all of it (a slow
+//! pool keeps a quarter of its traffic, say). The pools then split the model's
+//! traffic by [`split`]: the first pool in failover order keeps what its shift leaves
+//! it and passes the rest on, and so on, the last pool that can take traffic keeping
+//! what reaches it. Shares obey the same rules as rungs: traffic moves away from a
+//! pool at once and back only after the stabilization window and the minimum dwell,
+//! never while the flap guard holds, and every move counts toward the flap guard.
 
 use std::collections::BTreeMap;
 
+use stanch_api::routes::PoolShare;
 use stanch_api::status::PinInfo;
 use stanch_api::{Fingerprint, HumanDuration, Rung, Timestamp};
 
 use crate::config::{LadderPolicy, ModelConfig};
 use crate::decision::{Decision, Rule};
-use crate::mapping::Condition;
+use crate::mapping::{ALL, Condition};
 use crate::state::{AlertRecord, ModelState};
 
 /// The health facts of all active alerts, indexed by model.
 #[derive(Debug, Default)]
 pub(crate) struct Health {
-    /// Model → unhealthy pool → alerts saying so.
-    down: BTreeMap<String, BTreeMap<String, Vec<Fingerprint>>>,
+    /// Model → unhealthy pool → the largest share of its traffic an alert moves
+    /// away, and the alerts saying so.
+    down: BTreeMap<String, BTreeMap<String, (u8, Vec<Fingerprint>)>>,
     /// Model → (fallback named by the alert, alerts).
     saturated: BTreeMap<String, (Option<String>, Vec<Fingerprint>)>,
     /// Model → alerts asking for the FAQ.
@@ -34,13 +44,16 @@ impl Health {
         let mut h = Health::default();
         for (fp, record) in alerts {
             match &record.condition {
-                Some(Condition::PoolDown { model, pool }) => h
-                    .down
-                    .entry(model.clone())
-                    .or_default()
-                    .entry(pool.clone())
-                    .or_default()
-                    .push(*fp),
+                Some(Condition::PoolDown { model, pool, shift }) => {
+                    let entry = h
+                        .down
+                        .entry(model.clone())
+                        .or_default()
+                        .entry(pool.clone())
+                        .or_default();
+                    entry.0 = entry.0.max(*shift);
+                    entry.1.push(*fp);
+                }
                 Some(Condition::Saturated { model, fallback }) => {
                     let entry = h.saturated.entry(model.clone()).or_default();
                     // The first alert naming a fallback decides it (alerts iterate in
@@ -59,20 +72,27 @@ impl Health {
         h
     }
 
-    fn pool_down(&self, model: &str, pool: &str) -> Option<&Vec<Fingerprint>> {
+    /// The share of `pool`'s traffic to move away (100: all of it) and the alerts
+    /// asking for it, if any does.
+    fn pool_down(&self, model: &str, pool: &str) -> Option<&(u8, Vec<Fingerprint>)> {
         self.down.get(model).and_then(|pools| pools.get(pool))
     }
 
+    /// Whether an alert moves all of `pool`'s traffic away.
+    fn pool_failing(&self, model: &str, pool: &str) -> bool {
+        self.pool_down(model, pool)
+            .is_some_and(|(shift, _)| *shift == ALL)
+    }
+
     /// A model is a healthy fallback target when nothing says it is saturated or
-    /// failing everywhere and at least one of its pools is healthy.
+    /// failing everywhere and at least one of its pools can take traffic (a slow one
+    /// still can).
     fn model_healthy(&self, model: &str, models: &BTreeMap<String, ModelConfig>) -> bool {
         !self.statics.contains_key(model)
             && !self.saturated.contains_key(model)
-            && models.get(model).is_some_and(|m| {
-                m.pools
-                    .iter()
-                    .any(|p| self.pool_down(model, p.name()).is_none())
-            })
+            && models
+                .get(model)
+                .is_some_and(|m| m.pools.iter().any(|p| !self.pool_failing(model, p.name())))
     }
 }
 
@@ -89,8 +109,11 @@ pub(crate) struct Plan {
     pub first_healthy_pool: Option<String>,
     /// The fallback model for the degraded rung.
     pub alias: Option<String>,
-    /// Pools said to be unhealthy.
+    /// Pools said to be unhealthy: all of their traffic moves away.
     pub unhealthy_pools: Vec<String>,
+    /// The model's traffic across its pools while a pool is slow (a share of its
+    /// traffic moves away); empty when one pool takes it all.
+    pub split: Vec<PoolShare>,
     /// The conditions, for humans.
     pub conditions: Vec<String>,
     /// The alerts behind them.
@@ -105,28 +128,19 @@ pub(crate) fn plan(
 ) -> Plan {
     let mut conditions = Vec::new();
     let mut alerts = Vec::new();
-    let mut unhealthy_pools = Vec::new();
-    let mut first_healthy_pool = None;
-    for pool in &model.pools {
-        match health.pool_down(name, pool.name()) {
-            Some(fps) => {
-                unhealthy_pools.push(pool.name().to_owned());
-                conditions.push(format!("pool {} failing", pool.name()));
-                alerts.extend(fps);
-            }
-            None if first_healthy_pool.is_none() => {
-                first_healthy_pool = Some(pool.name().to_owned())
-            }
-            None => {}
-        }
-    }
-    let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
-    let primary_healthy = !unhealthy_pools.iter().any(|p| p == primary);
-    let mut required = if primary_healthy {
-        Rung::Normal
-    } else {
-        Rung::Failover
-    };
+    let shifts = shifts(name, model, health, &mut conditions, &mut alerts);
+    let unhealthy_pools: Vec<String> = shifts
+        .iter()
+        .filter(|(_, s)| *s == ALL)
+        .map(|(p, _)| (*p).to_owned())
+        .collect();
+    let first_healthy_pool = shifts
+        .iter()
+        .find(|(_, s)| *s < ALL)
+        .map(|(p, _)| (*p).to_owned());
+    let primary_healthy = shifts.first().is_none_or(|(_, s)| *s < ALL);
+    let mut required = pools_require(&shifts, &mut conditions);
+    let split = split(&shifts);
     let saturated = health.saturated.get(name);
     if let Some((_, fps)) = saturated {
         required = required.max(Rung::Degraded);
@@ -172,22 +186,116 @@ pub(crate) fn plan(
         first_healthy_pool,
         alias,
         unhealthy_pools,
+        split,
         conditions,
         alerts,
     }
 }
 
-/// The pool and alias a model has on `rung`: the primary when normal; otherwise the
-/// current pool while it stays healthy (no needless moves), else the first healthy one.
-fn route_for(
-    current_pool: &str,
-    rung: Rung,
-    model: &ModelConfig,
-    plan: &Plan,
-) -> (String, Option<String>) {
+/// Per pool of `model` in failover order, the share of its traffic the alerts move
+/// away (0 to 100), the conditions and alerts behind them added to `conditions` and
+/// `alerts`.
+fn shifts<'m>(
+    name: &str,
+    model: &'m ModelConfig,
+    health: &Health,
+    conditions: &mut Vec<String>,
+    alerts: &mut Vec<Fingerprint>,
+) -> Vec<(&'m str, u8)> {
+    let mut shifts = Vec::with_capacity(model.pools.len());
+    for pool in &model.pools {
+        let shift = match health.pool_down(name, pool.name()) {
+            Some((ALL, fps)) => {
+                conditions.push(format!("pool {} failing", pool.name()));
+                alerts.extend(fps);
+                ALL
+            }
+            Some((shift, fps)) => {
+                conditions.push(format!(
+                    "pool {} slow: {shift}% of its traffic moves",
+                    pool.name()
+                ));
+                alerts.extend(fps);
+                *shift
+            }
+            None => 0,
+        };
+        shifts.push((pool.name(), shift));
+    }
+    shifts
+}
+
+/// The rung the pools' shifts require: failover when the primary fails, or is slow
+/// and another pool can take its share; else normal. A slow primary with no pool to
+/// hand a share to keeps all of its traffic (slow is better than nothing), as
+/// `conditions` then says.
+fn pools_require(shifts: &[(&str, u8)], conditions: &mut Vec<String>) -> Rung {
+    let Some((primary, shift)) = shifts.first() else {
+        return Rung::Normal;
+    };
+    let takers = shifts.iter().skip(1).any(|(_, s)| *s < ALL);
+    match *shift {
+        0 => Rung::Normal,
+        ALL => Rung::Failover,
+        _ if takers => Rung::Failover,
+        _ => {
+            conditions.push(format!(
+                "pool {primary} keeps all of its traffic: no other pool can take a share"
+            ));
+            Rung::Normal
+        }
+    }
+}
+
+/// The model's traffic across its pools, in failover order, given the share of each
+/// pool's traffic to move away: each pool that can take traffic keeps what its shift
+/// leaves of what reaches it and passes the rest on; the last one keeps all that
+/// reaches it. Empty when one pool takes everything (a whole switch, or no shift at
+/// all): then the rung's pool says where traffic goes.
+pub(crate) fn split(shifts: &[(&str, u8)]) -> Vec<PoolShare> {
+    let takers: Vec<_> = shifts.iter().filter(|(_, s)| *s < ALL).collect();
+    let mut left = u32::from(ALL);
+    let mut shares = Vec::new();
+    for (i, (pool, shift)) in takers.iter().enumerate() {
+        let kept = if i + 1 == takers.len() {
+            left
+        } else {
+            // Rounded to the nearest percent; what is left still sums to 100.
+            (left * u32::from(ALL - *shift) + 50) / 100
+        };
+        left -= kept;
+        if kept > 0 {
+            shares.push(PoolShare {
+                pool: (*pool).to_owned(),
+                percent: u8::try_from(kept).unwrap_or(ALL),
+            });
+        }
+    }
+    if shares.len() > 1 { shares } else { Vec::new() }
+}
+
+/// Where a model's traffic goes on a rung.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Route {
+    /// The pool: the largest share when the traffic is split.
+    pool: String,
+    /// The split across pools, if any.
+    shares: Vec<PoolShare>,
+    /// The alias while degraded.
+    alias: Option<String>,
+}
+
+/// Where a model's traffic goes on `rung`: the primary when normal; otherwise split as
+/// the plan says while a pool is slow, else the current pool while it stays healthy
+/// (no needless moves), else the first healthy one.
+fn route_for(current_pool: &str, rung: Rung, model: &ModelConfig, plan: &Plan) -> Route {
     let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
+    let mut shares = Vec::new();
     let pool = if rung == Rung::Normal {
         primary.to_owned()
+    } else if let Some(largest) = largest(&plan.split) {
+        shares.clone_from(&plan.split);
+        largest.to_owned()
     } else if model.pools.iter().any(|p| p.name() == current_pool)
         && !plan.unhealthy_pools.iter().any(|p| p == current_pool)
     {
@@ -200,7 +308,38 @@ fn route_for(
     let alias = (rung == Rung::Degraded)
         .then(|| plan.alias.clone().or_else(|| model.fallback.clone()))
         .flatten();
-    (pool, alias)
+    Route {
+        pool,
+        shares,
+        alias,
+    }
+}
+
+/// The pool with the largest share, the first of them on a tie.
+fn largest(shares: &[PoolShare]) -> Option<&str> {
+    shares
+        .iter()
+        .reduce(|a, b| if b.percent > a.percent { b } else { a })
+        .map(|s| s.pool.as_str())
+}
+
+/// Each pool's share of the model's traffic, in failover order: how far two routes
+/// are from the primary compare as these do (the greater, the nearer).
+fn spread(model: &ModelConfig, pool: &str, shares: &[PoolShare]) -> Vec<u8> {
+    model
+        .pools
+        .iter()
+        .map(|p| {
+            if shares.is_empty() {
+                if p.name() == pool { ALL } else { 0 }
+            } else {
+                shares
+                    .iter()
+                    .find(|s| s.pool == p.name())
+                    .map_or(0, |s| s.percent)
+            }
+        })
+        .collect()
 }
 
 /// The inputs of one evaluation that do not change within it.
@@ -247,7 +386,7 @@ pub(crate) fn evaluate(
                 out,
             );
         }
-        refresh_pool(st, cx, out);
+        refresh_route(st, cx, out);
         st.reason = format!("forced to {rung} by operator: {reason}");
         return;
     }
@@ -286,9 +425,10 @@ pub(crate) fn evaluate(
         move_to(st, to, rule, true, cx, out);
         st.last_deescalation = Some(now);
     }
-    refresh_pool(st, cx, out);
+    refresh_route(st, cx, out);
     if let Some((_, ready_at, _)) = next_step_down(st, cx) {
-        st.wake_at = Some(ready_at.max(now + std::time::Duration::from_millis(1)));
+        let at = ready_at.max(now + std::time::Duration::from_millis(1));
+        st.wake_at = Some(st.wake_at.map_or(at, |w| w.min(at)));
     }
     st.reason = if !cx.plan.conditions.is_empty() {
         cx.plan.conditions.join("; ")
@@ -319,16 +459,11 @@ pub(crate) fn evaluate(
 pub(crate) fn step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp)> {
     let (to, at, _) = next_step_down(st, cx)?;
     if st.pin.is_none() {
-        let mut transitions = st.transitions.clone();
-        transitions.push_back((at, st.rung, to));
         let window = cx.policy.flap.window.0;
-        while transitions
-            .front()
-            .is_some_and(|(t, _, _)| at.since(*t) > window)
-        {
-            transitions.pop_front();
-        }
-        if swings(&transitions) > cx.policy.flap.max_transitions {
+        let mut moves = moves(st);
+        moves.retain(|(t, _)| at.since(*t) <= window);
+        moves.push((at, false));
+        if swings(moves) > cx.policy.flap.max_transitions {
             return None;
         }
     }
@@ -378,39 +513,58 @@ fn move_to(
     out: &mut Vec<Decision>,
 ) {
     let from = st.rung;
-    let (pool, alias) = route_for(&st.pool, to, cx.model, cx.plan);
+    let Route {
+        pool,
+        shares,
+        alias,
+    } = route_for(&st.pool, to, cx.model, cx.plan);
     st.rung = to;
     st.since = cx.now;
     st.pool.clone_from(&pool);
+    if shares != st.shares {
+        st.shares_since = Some(cx.now);
+    }
+    st.shares.clone_from(&shares);
+    st.shares_back_since = None;
     st.alias.clone_from(&alias);
     out.push(Decision::Transition {
         model: cx.name.to_owned(),
         from,
         to,
         pool,
+        shares,
         alias,
         rule,
     });
     if !counts {
         return;
     }
-    let window = cx.policy.flap.window.0;
+    count_move(st, cx.now, to > from);
     st.transitions.push_back((cx.now, from, to));
-    while st
-        .transitions
-        .front()
-        .is_some_and(|(t, _, _)| cx.now.since(*t) > window)
-    {
+    guard_flapping(st, cx, out);
+}
+
+/// Forgets the moves older than the flap window, and pins the model at the highest
+/// rung of the window when its moves, rungs and shares alike, swing too often.
+fn guard_flapping(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
+    let window = cx.policy.flap.window.0;
+    let old = |t: &Timestamp| cx.now.since(*t) > window;
+    while st.transitions.front().is_some_and(|(t, _, _)| old(t)) {
         st.transitions.pop_front();
     }
-    let swings = swings(&st.transitions);
+    while st.moves.front().is_some_and(|(t, _)| old(t)) {
+        st.moves.pop_front();
+    }
+    let swings = swings(moves(st));
     if st.pin.is_none() && swings > cx.policy.flap.max_transitions {
+        let to = st.rung;
         let high = st
             .transitions
             .iter()
             .map(|(_, a, b)| (*a).max(*b))
             .max()
-            .unwrap_or(to);
+            .unwrap_or(to)
+            .max(to);
         let until = cx.now + cx.policy.flap.hold.0;
         let transitions = swings;
         st.pin = Some(PinInfo {
@@ -431,14 +585,36 @@ fn move_to(
     }
 }
 
-/// Counts the transitions that reverse direction (and the first one): a run of steps
-/// in one direction, such as an incident escalating 0 → 1 → 2 → 3, is one movement,
-/// not three, while up-down-up is three. Only reversals are flapping.
-pub(crate) fn swings(transitions: &std::collections::VecDeque<(Timestamp, Rung, Rung)>) -> usize {
+/// The moves the flap guard counts, in order: when, and whether up the ladder (or
+/// away from the primary). A state kept before share moves were counted has only its
+/// rung changes.
+fn moves(st: &ModelState) -> Vec<(Timestamp, bool)> {
+    if st.moves.is_empty() {
+        st.transitions
+            .iter()
+            .map(|(t, from, to)| (*t, to > from))
+            .collect()
+    } else {
+        st.moves.iter().copied().collect()
+    }
+}
+
+/// Adds a move for the flap guard to count.
+fn count_move(st: &mut ModelState, at: Timestamp, up: bool) {
+    if st.moves.is_empty() {
+        // Kept before share moves were counted: its rung changes come first.
+        st.moves = moves(st).into();
+    }
+    st.moves.push_back((at, up));
+}
+
+/// Counts the moves that reverse direction (and the first one): a run of steps in one
+/// direction, such as an incident escalating 0 → 1 → 2 → 3, is one movement, not
+/// three, while up-down-up is three. Only reversals are flapping.
+pub(crate) fn swings(moves: impl IntoIterator<Item = (Timestamp, bool)>) -> usize {
     let mut count = 0;
     let mut last_up = None;
-    for (_, from, to) in transitions {
-        let up = to > from;
+    for (_, up) in moves {
         if last_up != Some(up) {
             count += 1;
             last_up = Some(up);
@@ -447,10 +623,18 @@ pub(crate) fn swings(transitions: &std::collections::VecDeque<(Timestamp, Rung, 
     count
 }
 
-/// Moves off a pool that became unhealthy while the rung stays the same.
-fn refresh_pool(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
-    let (pool, alias) = route_for(&st.pool, st.rung, cx.model, cx.plan);
-    if pool != st.pool {
+/// Moves a model's traffic between pools while its rung stays the same: off a pool
+/// that became unhealthy at once; by share, away from the primary at once and back
+/// toward it only once the conditions have allowed it for the stabilization window,
+/// the route has been held for the minimum dwell, and the flap guard does not hold.
+fn refresh_route(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
+    let route = route_for(&st.pool, st.rung, cx.model, cx.plan);
+    st.alias.clone_from(&route.alias);
+    if route.pool == st.pool && route.shares == st.shares {
+        st.shares_back_since = None;
+        return;
+    }
+    if route.shares.is_empty() && st.shares.is_empty() {
         let why = if cx.plan.unhealthy_pools.contains(&st.pool) {
             format!("pool {} failing", st.pool)
         } else {
@@ -458,10 +642,62 @@ fn refresh_pool(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
         };
         out.push(Decision::PoolChanged {
             model: cx.name.to_owned(),
-            from: std::mem::replace(&mut st.pool, pool.clone()),
-            to: pool,
+            from: std::mem::replace(&mut st.pool, route.pool.clone()),
+            to: route.pool,
             why,
         });
+        return;
     }
-    st.alias = alias;
+    // A pool that fails outright is left at once, whichever way that moves traffic.
+    let must_leave = cx
+        .plan
+        .unhealthy_pools
+        .iter()
+        .any(|p| *p == st.pool || st.shares.iter().any(|s| s.pool == *p));
+    if cx.plan.target < st.rung && !must_leave {
+        // The conditions are clearing: the step down brings the traffic back.
+        st.shares_back_since = None;
+        return;
+    }
+    let now = cx.now;
+    let before = spread(cx.model, &st.pool, &st.shares);
+    let after = spread(cx.model, &route.pool, &route.shares);
+    let away = after < before;
+    if !away && !must_leave {
+        let since = *st.shares_back_since.get_or_insert(now);
+        let window = cx
+            .policy
+            .backoff
+            .scaled(cx.policy.recover_after.0, st.backoff_level);
+        let held_from = st.shares_since.unwrap_or(st.since).max(st.since);
+        let ready_at = (since + window).max(held_from + cx.policy.min_dwell.0);
+        if st.pin.is_some() || now < ready_at {
+            if st.pin.is_none() {
+                st.wake_at = Some(st.wake_at.map_or(ready_at, |w| w.min(ready_at)));
+            }
+            return;
+        }
+    }
+    let why = if away || must_leave {
+        cx.plan.conditions.join("; ")
+    } else {
+        let clear_for = now.since(st.shares_back_since.unwrap_or(now));
+        format!(
+            "shares back toward the primary after {}",
+            HumanDuration(clear_for)
+        )
+    };
+    st.shares_since = Some(now);
+    st.shares_back_since = None;
+    count_move(st, now, away);
+    out.push(Decision::SharesChanged {
+        model: cx.name.to_owned(),
+        from: std::mem::replace(&mut st.shares, route.shares.clone()),
+        to: route.shares,
+        from_pool: std::mem::replace(&mut st.pool, route.pool.clone()),
+        to_pool: route.pool,
+        away,
+        why,
+    });
+    guard_flapping(st, cx, out);
 }

@@ -1,8 +1,8 @@
 //! Alerts to conditions.
 //!
 //! An alert maps by the seed convention (the `action` label with `target_model`,
-//! `fallback_model`, `pool`, `endpoint`) or, failing that, by the configured matcher
-//! rules in order. An alert that maps to nothing is kept and counted as unmapped, with
+//! `fallback_model`, `pool`, `shift`, `endpoint`) or, failing that, by the configured
+//! matcher rules in order. An alert that maps to nothing is kept and counted as unmapped, with
 //! the reason: it is not an error.
 
 use std::fmt;
@@ -17,12 +17,16 @@ use crate::rules::{Action, Matcher};
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Condition {
-    /// `pool` of `model` is unhealthy.
+    /// `pool` of `model` is unhealthy: `shift` percent of its traffic should move to
+    /// the next pool (100, all of it, unless the alert or its mapping asks for less).
     PoolDown {
         /// The model.
         model: String,
         /// The unhealthy pool.
         pool: String,
+        /// The share of the pool's traffic to move away, 1 to 100.
+        #[serde(default = "all", skip_serializing_if = "is_all")]
+        shift: u8,
     },
     /// `model` is saturated; its non-VIP traffic should move to `fallback`.
     Saturated {
@@ -45,6 +49,39 @@ pub enum Condition {
     },
 }
 
+/// A shift of everything: what a failover alert asks for unless it says otherwise.
+pub const ALL: u8 = 100;
+
+fn all() -> u8 {
+    ALL
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_all(shift: &u8) -> bool {
+    *shift == ALL
+}
+
+/// Reads a shift as alerts and mappings give it: `75` or `75%`, from 1 to 100.
+pub fn parse_shift(raw: &str) -> Result<u8, Unmapped> {
+    let digits = raw
+        .trim()
+        .strip_suffix('%')
+        .unwrap_or(raw.trim())
+        .trim_end();
+    digits
+        .parse::<u8>()
+        .ok()
+        .filter(|p| (1..=ALL).contains(p))
+        .ok_or_else(|| {
+            Unmapped(format!(
+                "shift {raw:?} is not a percentage from 1 to 100 (such as 75 or 75%)"
+            ))
+        })
+}
+
 impl Condition {
     /// The model the condition acts on, if it is about one.
     pub fn model(&self) -> Option<&str> {
@@ -60,7 +97,17 @@ impl Condition {
 impl fmt::Display for Condition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Condition::PoolDown { model, pool } => write!(f, "{model} pool {pool} failing"),
+            Condition::PoolDown {
+                model,
+                pool,
+                shift: ALL,
+            } => write!(f, "{model} pool {pool} failing"),
+            Condition::PoolDown { model, pool, shift } => {
+                write!(
+                    f,
+                    "{model} pool {pool} slow: {shift}% of its traffic to move"
+                )
+            }
             Condition::Saturated {
                 model,
                 fallback: Some(fb),
@@ -86,6 +133,14 @@ impl fmt::Display for Condition {
             }
         }
     }
+}
+
+/// What an alert or its mapping names besides the target model and the endpoint.
+struct Named {
+    fallback: Option<String>,
+    pool: Option<String>,
+    shift: Option<String>,
+    optional_model: Option<String>,
 }
 
 /// A validated mapping rule.
@@ -174,11 +229,14 @@ impl Mapper {
         };
         self.build(
             action,
+            Named {
+                fallback: label("fallback_model"),
+                pool: label("pool"),
+                shift: label("shift"),
+                optional_model: label("target_model"),
+            },
             || need("target_model"),
-            label("fallback_model"),
-            label("pool"),
             || need("endpoint"),
-            label("target_model"),
         )
     }
 
@@ -195,32 +253,43 @@ impl Mapper {
         };
         let target = from(&c.target_model, &c.target_model_label);
         let named = format!("mapping {:?}", c.name);
+        let shift = c
+            .shift
+            .map(|s| s.to_string())
+            .or_else(|| from(&None, &c.shift_label));
         self.build(
             rule.action,
+            Named {
+                fallback: c.fallback_model.clone(),
+                pool: from(&c.pool, &c.pool_label),
+                shift,
+                optional_model: target.clone(),
+            },
             || {
                 target
                     .clone()
                     .ok_or_else(|| Unmapped(format!("{named}: alert lacks the target model label")))
             },
-            c.fallback_model.clone(),
-            from(&c.pool, &c.pool_label),
             || {
                 from(&None, &c.endpoint_label)
                     .ok_or_else(|| Unmapped(format!("{named}: alert lacks the endpoint label")))
             },
-            target.clone(),
         )
     }
 
     fn build(
         &self,
         action: Action,
+        named: Named,
         target: impl Fn() -> Result<String, Unmapped>,
-        fallback: Option<String>,
-        pool: Option<String>,
         endpoint: impl Fn() -> Result<String, Unmapped>,
-        optional_model: Option<String>,
     ) -> Result<Condition, Unmapped> {
+        let Named {
+            fallback,
+            pool,
+            shift,
+            optional_model,
+        } = named;
         Ok(match action {
             Action::TriggerFailover => {
                 let model = self.known_model(&target()?)?;
@@ -233,7 +302,8 @@ impl Mapper {
                         return Err(Unmapped(format!("pool {p:?} is not a pool of {model}")));
                     }
                 };
-                Condition::PoolDown { model, pool }
+                let shift = shift.as_deref().map_or(Ok(ALL), parse_shift)?;
+                Condition::PoolDown { model, pool, shift }
             }
             Action::TriggerModelDegradation => Condition::Saturated {
                 model: self.known_model(&target()?)?,

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use stanch_api::alerts::IncomingAlert;
-use stanch_api::routes::{BlockedEndpoint, ModelRoute};
+use stanch_api::routes::{BlockedEndpoint, ModelRoute, PoolShare};
 use stanch_api::status::{ForceInfo, OverrideInfo, PinInfo};
 use stanch_api::{Fingerprint, Rung, Timestamp};
 
@@ -99,8 +99,25 @@ pub struct Tombstone {
 pub struct ModelState {
     /// The rung automation (or an override) decided.
     pub rung: Rung,
-    /// The pool serving the model.
+    /// The pool serving the model: the largest share when its traffic is split.
     pub pool: String,
+    /// The model's traffic across its pools while a pool is slow; empty when `pool`
+    /// takes it all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<PoolShare>,
+    /// When the shares last moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares_since: Option<Timestamp>,
+    /// Since when the conditions have let shares move back toward the primary, while
+    /// the move waits for the stabilization window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares_back_since: Option<Timestamp>,
+    /// Every move the flap guard counts within its window, rung changes and share
+    /// moves alike, in order: when, and whether up the ladder or away from the
+    /// primary. (Empty in a state kept before shares existed: `transitions` then
+    /// holds them all.)
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub moves: VecDeque<(Timestamp, bool)>,
     /// The alias while degraded.
     pub alias: Option<String>,
     /// When the rung last changed.
@@ -137,6 +154,10 @@ impl ModelState {
         ModelState {
             rung: Rung::Normal,
             pool: primary.to_owned(),
+            shares: Vec::new(),
+            shares_since: None,
+            shares_back_since: None,
+            moves: VecDeque::new(),
             alias: None,
             since: now,
             reason: "healthy".to_owned(),

@@ -172,6 +172,8 @@ pub enum PolicyAction {
 /// A rule mapping alerts you already have to an action on this model.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[x_kube(validation = Rule::new("!(has(self.pool) && has(self.poolLabel))").message("give pool or poolLabel, not both"))]
+#[x_kube(validation = Rule::new("!(has(self.shift) && has(self.shiftLabel))").message("give shift or shiftLabel, not both"))]
+#[x_kube(validation = Rule::new("self.action == 'trigger-failover' || !(has(self.shift) || has(self.shiftLabel))").message("only trigger-failover moves a share of a pool's traffic"))]
 #[x_kube(validation = Rule::new("self.action != 'block-endpoint' || has(self.endpointLabel)").message("block-endpoint needs endpointLabel, the label naming the endpoint"))]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyMapping {
@@ -190,6 +192,14 @@ pub struct PolicyMapping {
     /// The alert label naming the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_label: Option<String>,
+    /// The percentage of the pool's traffic to move to the next pool (failover; all of
+    /// it when not given): 75 keeps a quarter on a slow pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub shift: Option<u8>,
+    /// The alert label giving that percentage (`75` or `75%`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shift_label: Option<String>,
     /// The alert label naming the endpoint (block-endpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_label: Option<String>,

@@ -45,6 +45,8 @@ pub fn said(decision: &Decision) -> Option<(String, Said)> {
         }
         Decision::Transition { .. } => ("Normal", "Recovered", "Transition"),
         Decision::PoolChanged { .. } => ("Warning", "PoolChanged", "Transition"),
+        Decision::SharesChanged { away: true, .. } => ("Warning", "SharesMoved", "Transition"),
+        Decision::SharesChanged { .. } => ("Normal", "SharesReturned", "Transition"),
         Decision::FlapPinned { .. } => ("Warning", "FlapPinned", "Transition"),
         Decision::PinEnded { .. } => ("Normal", "PinEnded", "Transition"),
         Decision::Blocked { .. } => ("Warning", "EndpointBlocked", "Block"),
@@ -138,6 +140,7 @@ mod tests {
             from,
             to,
             pool: "dc-b".into(),
+            shares: Vec::new(),
             alias: None,
             rule: Rule::Escalate {
                 required: to,

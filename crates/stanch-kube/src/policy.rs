@@ -165,6 +165,8 @@ fn mapping(m: &PolicyMapping, model: &str) -> MappingConfig {
         fallback_model: m.fallback_model.clone(),
         pool: m.pool.clone(),
         pool_label: m.pool_label.clone(),
+        shift: m.shift,
+        shift_label: m.shift_label.clone(),
         endpoint_label: m.endpoint_label.clone(),
     }
 }

@@ -282,6 +282,7 @@ mod tests {
             from: Rung::Normal,
             to: Rung::Failover,
             pool: "dc-b".into(),
+            shares: Vec::new(),
             alias: None,
             rule: Rule::Forced {
                 reason: "test".into(),

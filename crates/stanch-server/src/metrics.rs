@@ -32,6 +32,15 @@ pub struct ModelLabel {
     pub model: Label,
 }
 
+/// Labels: a pool of a model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The model.
+    pub model: Label,
+    /// The pool.
+    pub pool: Label,
+}
+
 /// Labels: a rung transition.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TransitionLabels {
@@ -87,6 +96,8 @@ pub struct Metrics {
     pub model_rung: Family<ModelLabel, Gauge>,
     /// Rung changes per model and direction.
     pub transitions: Family<TransitionLabels, Counter>,
+    /// Each pool's published share of a model's traffic, in percent.
+    pub pool_share: Family<PoolLabels, Gauge>,
     /// 1 while the flap guard holds a model.
     pub flap_pinned: Family<ModelLabel, Gauge>,
     /// Active endpoint blocks.
@@ -150,6 +161,7 @@ impl Metrics {
             alerts_active: Gauge::default(),
             model_rung: Family::default(),
             transitions: Family::default(),
+            pool_share: Family::default(),
             flap_pinned: Family::default(),
             blocks_active: Gauge::default(),
             blocks_refused: Family::default(),
@@ -195,6 +207,11 @@ impl Metrics {
             "transitions",
             "Rung changes per model and direction",
             m.transitions.clone(),
+        );
+        registry.register(
+            "model_pool_share",
+            "Published share of each model's traffic per pool, in percent: 100 on the pool taking it all, 0 on the others",
+            m.pool_share.clone(),
         );
         registry.register(
             "flap_pinned",
@@ -308,6 +325,29 @@ impl Metrics {
             m.model_rung
                 .get_or_create(&ModelLabel { model: name.into() })
                 .set(route.rung.index() as i64);
+            let pools = s
+                .config
+                .as_ref()
+                .and_then(|c| c.models.get(name))
+                .map(|c| c.pools.iter().map(|p| p.name().to_owned()).collect())
+                .unwrap_or_else(|| vec![route.pool.clone()]);
+            for pool in pools {
+                let percent = if route.shares.is_empty() {
+                    if pool == route.pool { 100 } else { 0 }
+                } else {
+                    route
+                        .shares
+                        .iter()
+                        .find(|share| share.pool == pool)
+                        .map_or(0, |share| share.percent)
+                };
+                m.pool_share
+                    .get_or_create(&PoolLabels {
+                        model: name.into(),
+                        pool: pool.into(),
+                    })
+                    .set(i64::from(percent));
+            }
         }
         for (name, st) in &s.models {
             m.flap_pinned

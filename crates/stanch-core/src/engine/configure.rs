@@ -66,7 +66,14 @@ pub(super) fn fit(
                     .insert(name.clone(), ModelState::new(primary, now));
                 fitted.added.push(name.clone());
             }
-            Some(st) if !model.pools.iter().any(|p| p.name() == st.pool) => {
+            // A model whose pool, or a pool of its split, is gone starts over.
+            Some(st)
+                if !model.pools.iter().any(|p| p.name() == st.pool)
+                    || st
+                        .shares
+                        .iter()
+                        .any(|s| !model.pools.iter().any(|p| p.name() == s.pool)) =>
+            {
                 *st = ModelState::new(primary, now);
                 fitted.reset.push(name.clone());
             }

@@ -52,7 +52,7 @@ impl Engine {
                     reason: st.reason.clone(),
                     alerts: st.alerts.clone(),
                     overridden: st.force.is_some(),
-                    shares: Vec::new(),
+                    shares: st.shares.clone(),
                     alias_percent: None,
                 };
                 (name.clone(), route)

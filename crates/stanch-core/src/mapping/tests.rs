@@ -28,7 +28,8 @@ fn seed_convention() {
         ])),
         Ok(Condition::PoolDown {
             model: "qwen-72b".into(),
-            pool: "dc-a".into()
+            pool: "dc-a".into(),
+            shift: ALL,
         })
     );
     assert_eq!(
@@ -80,9 +81,104 @@ fn unmapped_says_why() {
         ])),
         Ok(Condition::PoolDown {
             model: "qwen-72b".into(),
-            pool: "dc-a".into()
+            pool: "dc-a".into(),
+            shift: ALL,
         }),
         "no pool label means the primary"
+    );
+}
+
+#[test]
+fn a_failover_moves_the_share_its_alert_or_mapping_asks_for() {
+    let m = mapper(
+        r#"mappings:
+  - name: slow
+    matchers: ['alertname="SlowPool"']
+    action: trigger-failover
+    target_model_label: model_name
+    pool_label: dc
+    shift: 75
+  - name: slow-by-label
+    matchers: ['alertname="SlowPoolLabelled"']
+    action: trigger-failover
+    target_model_label: model_name
+    shift_label: move
+"#,
+    );
+    let down = |pool: &str, shift| {
+        Ok(Condition::PoolDown {
+            model: "qwen-72b".into(),
+            pool: pool.into(),
+            shift,
+        })
+    };
+    let seed = |shift: &str| {
+        m.map(&labels(&[
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-72b"),
+            ("shift", shift),
+        ]))
+    };
+    assert_eq!(seed("75"), down("dc-a", 75));
+    assert_eq!(seed("75%"), down("dc-a", 75));
+    assert_eq!(seed(" 30 % "), down("dc-a", 30));
+    assert_eq!(seed("100"), down("dc-a", ALL));
+    assert_eq!(seed(""), down("dc-a", ALL), "an empty label is no label");
+    for bad in ["0", "101", "-5", "75.5", "most", "%", "1e2"] {
+        let why = seed(bad).unwrap_err().0;
+        assert!(
+            why.contains(&format!("shift {bad:?} is not a percentage from 1 to 100")),
+            "{bad}: {why}"
+        );
+    }
+    assert_eq!(
+        m.map(&labels(&[
+            ("alertname", "SlowPool"),
+            ("model_name", "qwen-72b"),
+            ("dc", "dc-b")
+        ])),
+        down("dc-b", 75)
+    );
+    assert_eq!(
+        m.map(&labels(&[
+            ("alertname", "SlowPoolLabelled"),
+            ("model_name", "qwen-72b"),
+            ("move", "40%")
+        ])),
+        down("dc-a", 40)
+    );
+    assert_eq!(
+        m.map(&labels(&[
+            ("alertname", "SlowPoolLabelled"),
+            ("model_name", "qwen-72b")
+        ])),
+        down("dc-a", ALL),
+        "without the label, everything moves"
+    );
+    // Only the failover reads a shift; elsewhere the label means nothing.
+    assert_eq!(
+        m.map(&labels(&[
+            ("action", "trigger-static-fallback"),
+            ("target_model", "qwen-72b"),
+            ("shift", "most"),
+        ])),
+        Ok(Condition::Static {
+            model: "qwen-72b".into()
+        })
+    );
+    // Kept across the journal: a condition written before shifts existed reads as
+    // moving everything, and one moving everything is written as it was.
+    let old: Condition =
+        serde_json::from_str(r#"{"kind": "pool_down", "model": "qwen-72b", "pool": "dc-a"}"#)
+            .unwrap();
+    assert_eq!(Ok(old.clone()), down("dc-a", ALL));
+    assert_eq!(
+        serde_json::to_string(&old).unwrap(),
+        r#"{"kind":"pool_down","model":"qwen-72b","pool":"dc-a"}"#
+    );
+    assert_eq!(
+        down("dc-a", 75).unwrap().to_string(),
+        "qwen-72b pool dc-a slow: 75% of its traffic to move"
     );
 }
 

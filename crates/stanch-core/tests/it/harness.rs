@@ -331,9 +331,19 @@ pub fn run(text: &str) -> String {
     for (name, m) in &table.models {
         writeln!(
             out,
-            "{name}: {} pool={} alias={} faq={} since={}{}",
+            "{name}: {} pool={}{} alias={} faq={} since={}{}",
             m.rung,
             m.pool,
+            if m.shares.is_empty() {
+                String::new()
+            } else {
+                let shares: Vec<_> = m
+                    .shares
+                    .iter()
+                    .map(|s| format!("{}:{}%", s.pool, s.percent))
+                    .collect();
+                format!(" shares={}", shares.join(","))
+            },
             m.alias.as_deref().unwrap_or("-"),
             m.faq.as_deref().unwrap_or("-"),
             rel(m.since),

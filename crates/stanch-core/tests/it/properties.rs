@@ -13,7 +13,7 @@ use crate::harness::{AlertBuilder, T0};
 const MODELS: [&str; 2] = ["qwen-72b", "qwen-14b"];
 
 /// Alert templates: (name, labels).
-const ALERTS: [(&str, &[(&str, &str)]); 8] = [
+const ALERTS: [(&str, &[(&str, &str)]); 10] = [
     (
         "A72",
         &[
@@ -70,6 +70,25 @@ const ALERTS: [(&str, &[(&str, &str)]); 8] = [
     (
         "E1",
         &[("action", "block-endpoint"), ("endpoint", "a1:8000")],
+    ),
+    // Slow pools: a share of their traffic moves.
+    (
+        "L72",
+        &[
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-72b"),
+            ("pool", "dc-a"),
+            ("shift", "75"),
+        ],
+    ),
+    (
+        "M72",
+        &[
+            ("action", "trigger-failover"),
+            ("target_model", "qwen-72b"),
+            ("pool", "dc-b"),
+            ("shift", "50%"),
+        ],
     ),
 ];
 
@@ -281,14 +300,43 @@ proptest! {
         let mut moves: BTreeMap<String, Vec<(Timestamp, bool)>> = BTreeMap::new();
         drive(&mut engine, &ops, T0, |e, now, decisions| {
             for d in decisions {
-                let Decision::Transition { model, from, to, rule, .. } = d else { continue };
-                if !matches!(rule, Rule::Escalate { .. } | Rule::Deescalate { .. }) { continue }
+                // Rung changes and share moves alike.
+                let (model, up) = match d {
+                    Decision::Transition { model, from, to, rule: Rule::Escalate { .. } | Rule::Deescalate { .. }, .. } => (model, to > from),
+                    Decision::SharesChanged { model, away, .. } => (model, *away),
+                    _ => continue,
+                };
                 let list = moves.entry(model.clone()).or_default();
-                list.push((now, to > from));
+                list.push((now, up));
                 let recent: Vec<bool> = list.iter().filter(|(t, _)| now.since(*t) <= policy.window.0).map(|(_, up)| *up).collect();
                 let swings = recent.iter().enumerate().filter(|(i, up)| *i == 0 || recent[i - 1] != **up).count();
                 if swings > policy.max_transitions {
                     assert!(e.state().models[model].pin.is_some(), "{model}: {swings} swings and no pin");
+                }
+            }
+        });
+    }
+
+    /// Every published split is well formed (the gateways would refuse it otherwise),
+    /// and no share is left on a pool an alert says is failing outright, whatever the
+    /// alerts do, unless an operator holds the model there.
+    #[test]
+    fn splits_are_well_formed_and_leave_failing_pools(ops in ops()) {
+        let mut engine = fresh();
+        drive(&mut engine, &ops, T0, |e, _, _| {
+            let s = e.state();
+            let table = e.route_table();
+            for (name, route) in &table.models {
+                assert_eq!(route.check_split(), Ok(()), "{name}: {route:?}");
+                let st = &s.models[name];
+                if st.force.is_some() || st.freeze.is_some() || s.global_freeze.is_some() {
+                    continue;
+                }
+                for share in &route.shares {
+                    assert!(
+                        !st.unhealthy_pools.contains(&share.pool),
+                        "{name}: {}% on failing {}", share.percent, share.pool
+                    );
                 }
             }
         });

@@ -52,4 +52,7 @@ scenarios!(
     unmapped_alerts,
     fleet_reports,
     fleet_streaks_are_held_to_their_failures,
+    a_slow_pool_keeps_a_share,
+    a_slow_pool_alone_keeps_its_traffic,
+    shares_flapping_are_pinned,
 );

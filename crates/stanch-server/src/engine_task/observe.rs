@@ -71,6 +71,9 @@ impl EngineTask {
                         .inc();
                     info!(decision = %d, "override applied");
                 }
+                Decision::SharesChanged { model, .. } => {
+                    info!(model = %model, decision = %d, "shares moved");
+                }
                 Decision::FlapPinned { .. } => warn!(decision = %d, "flap guard engaged"),
                 Decision::AlertLimit {
                     source, refused, ..

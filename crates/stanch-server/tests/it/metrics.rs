@@ -20,6 +20,9 @@ async fn metrics_follow_decisions() {
         r#"stanch_model_rung{model="qwen-72b"} 1"#,
         r#"stanch_model_rung{model="qwen-14b"} 0"#,
         r#"stanch_transitions_total{model="qwen-72b",direction="up"} 1"#,
+        r#"stanch_model_pool_share{model="qwen-72b",pool="dc-a"} 0"#,
+        r#"stanch_model_pool_share{model="qwen-72b",pool="dc-b"} 100"#,
+        r#"stanch_model_pool_share{model="qwen-14b",pool="dc-a"} 100"#,
         r#"stanch_alerts_received_total{source="alertmanager"} 1"#,
         "stanch_alerts_active 1",
         "stanch_route_version ",
@@ -31,6 +34,68 @@ async fn metrics_follow_decisions() {
     }
     assert_eq!(h.get("/healthz", None).await.status(), 200);
     assert_eq!(h.get("/readyz", None).await.status(), 200);
+}
+
+/// A slow pool's alert asks for a share: the route, the history and the metrics say
+/// where the model's traffic goes, pool by pool.
+#[tokio::test]
+async fn a_partial_failover_is_published_with_its_shares() {
+    let h = Harness::start().await;
+    let labels = [
+        ("alertname", "PoolLatencyHigh"),
+        ("action", "trigger-failover"),
+        ("target_model", "qwen-72b"),
+        ("pool", "dc-a"),
+        ("shift", "75%"),
+    ];
+    let r = h
+        .webhook(webhook_body("firing", &labels, "2026-11-30T00:06:00Z"))
+        .await;
+    assert_eq!(r.status(), 200);
+    let route = &h.routes().await["models"]["qwen-72b"];
+    assert_eq!(route["rung"], "failover");
+    assert_eq!(route["pool"], "dc-b", "the largest share");
+    assert_eq!(
+        route["shares"],
+        serde_json::json!([{"pool": "dc-a", "percent": 25}, {"pool": "dc-b", "percent": 75}])
+    );
+    assert_eq!(route["reason"], "pool dc-a slow: 75% of its traffic moves");
+    assert!(
+        h.routes().await["models"]["qwen-14b"]
+            .get("shares")
+            .is_none(),
+        "no split, no field"
+    );
+    let text = h.get("/metrics", None).await.text().await.unwrap();
+    for expected in [
+        r#"stanch_model_pool_share{model="qwen-72b",pool="dc-a"} 25"#,
+        r#"stanch_model_pool_share{model="qwen-72b",pool="dc-b"} 75"#,
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+
+    // Now dc-a fails outright: its quarter leaves at once.
+    let labels = [
+        ("alertname", "PoolErrors"),
+        ("action", "trigger-failover"),
+        ("target_model", "qwen-72b"),
+        ("pool", "dc-a"),
+    ];
+    h.webhook(webhook_body("firing", &labels, "2026-11-30T00:06:30Z"))
+        .await;
+    let route = &h.routes().await["models"]["qwen-72b"];
+    assert_eq!(route["pool"], "dc-b");
+    assert!(route.get("shares").is_none(), "{route}");
+    let history: Vec<serde_json::Value> =
+        h.get("/v1/history", Some(READ)).await.json().await.unwrap();
+    let moved = history
+        .iter()
+        .find(|e| e["kind"] == "shares_changed")
+        .expect("the share move is in the history");
+    assert_eq!(
+        moved["summary"],
+        "qwen-72b: shares dc-a 25% dc-b 75% -> dc-b 100%: pool dc-a failing"
+    );
 }
 
 #[tokio::test]

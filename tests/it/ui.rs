@@ -17,7 +17,7 @@ use crate::process::Server;
 const CONFIG: &str = "\
 models:
   qwen-72b: {pools: [dc-a, dc-b], fallback: qwen-14b, faq: default}
-  qwen-14b: {pools: [dc-a], faq: default}
+  qwen-14b: {pools: [dc-a, dc-b], faq: default}
 ladder: {recover_after: 30s, min_dwell: 2s, lease: 2m}
 ";
 

@@ -371,6 +371,21 @@ await step("behind a path prefix (nginx) the page, its files and the live stream
   await c4.close();
 });
 
+await step("a split shows each pool's share", async () => {
+  // qwen-14b, held static on its primary by the drill above: a slow dc-a moves three
+  // quarters of its traffic to dc-b at once, on whatever rung the model is held.
+  const SLOW = { alertname: "PoolLatencyHigh", action: "trigger-failover", target_model: "qwen-14b", pool: "dc-a", shift: "75%" };
+  await api("POST", "v1/alerts/alertmanager", INGEST, alert("firing", SLOW, started));
+  const facts = `${card("qwen-14b")} .facts`;
+  try {
+    await page.waitForFunction(
+      (sel) => /Shares\s*dc-a 25% · dc-b 75%/.test(document.querySelector(sel)?.innerText || ""), facts, { timeout: 1500 });
+  } catch (e) {
+    const s = await api("GET", "v1/status", READ);
+    throw new Error(`${e.message}\nstatus: ${JSON.stringify(s.models["qwen-14b"])}\npage: ${await page.locator(facts).innerText()}`);
+  }
+});
+
 await step("nothing went wrong in any page: no script error, no CSP violation", async () => {
   await noJunk(page);
   assert.deepEqual(problems.filter((m) => !/401 \(Unauthorized\)/.test(m)), []);

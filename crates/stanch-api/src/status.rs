@@ -40,8 +40,12 @@ pub struct ModelStatus {
     pub rung: Rung,
     /// The rung automation decided; differs from `rung` only in dry-run.
     pub decided_rung: Rung,
-    /// The pool serving the model.
+    /// The pool serving the model: the largest share when its traffic is split.
     pub pool: String,
+    /// Each pool's share of the model's traffic while it is split (as published);
+    /// empty when `pool` takes it all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<crate::routes::PoolShare>,
     /// The alias model while degraded.
     pub alias: Option<String>,
     /// Since when.

@@ -654,8 +654,10 @@ fn refresh_route(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
         .unhealthy_pools
         .iter()
         .any(|p| *p == st.pool || st.shares.iter().any(|s| s.pool == *p));
-    if cx.plan.target < st.rung && !must_leave {
-        // The conditions are clearing: the step down brings the traffic back.
+    if cx.plan.target < st.rung && cx.plan.split.is_empty() && !must_leave {
+        // The conditions are clearing and ask for no split: the step down brings the
+        // traffic back. (A split they still ask for applies while the rung is held
+        // above them, by an operator or the flap guard.)
         st.shares_back_since = None;
         return;
     }

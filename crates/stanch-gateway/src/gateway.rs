@@ -24,6 +24,11 @@ use crate::{endpoints, outcome, table, upstream};
 /// A configured model, ready to serve.
 pub(crate) struct ModelPlan {
     pub pools: Vec<(String, Vec<Arc<Endpoint>>)>,
+    /// Requests routed by a split of this model's pools so far: the turn that spreads
+    /// the next one by the shares (`crate::route`).
+    pub turn: std::sync::atomic::AtomicU64,
+    /// The same, for the split between this model and its alias.
+    pub alias_turn: std::sync::atomic::AtomicU64,
 }
 
 /// A caller.
@@ -263,7 +268,14 @@ fn model_plans(
             }
             pools.push((pool.name.clone(), eps));
         }
-        models.insert(name.clone(), ModelPlan { pools });
+        models.insert(
+            name.clone(),
+            ModelPlan {
+                pools,
+                turn: std::sync::atomic::AtomicU64::new(0),
+                alias_turn: std::sync::atomic::AtomicU64::new(0),
+            },
+        );
     }
     Ok(models)
 }

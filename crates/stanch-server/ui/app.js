@@ -425,6 +425,10 @@
       const override = m.force || m.freeze || s.global_freeze;
       const facts = h("dl", { class: "facts" },
         h("dt", {}, "Pool"), h("dd", { class: "mono" }, m.pool),
+        m.shares && m.shares.length
+          ? [h("dt", {}, "Shares"), h("dd", { class: "mono" },
+              m.shares.map((share) => `${share.pool} ${share.percent}%`).join(" · "))]
+          : null,
         h("dt", {}, "Alias"), h("dd", { class: "mono" }, m.alias || "–"),
         h("dt", {}, "Since"), h("dd", {}, when(m.since)),
         h("dt", {}, "Lease"), h("dd", {}, "until ", when(m.lease_until)),

@@ -94,6 +94,7 @@ impl Engine {
                     rung: published.map_or(st.rung, |p| p.rung),
                     decided_rung: st.rung,
                     pool: published.map_or_else(|| st.pool.clone(), |p| p.pool.clone()),
+                    shares: published.map_or_else(|| st.shares.clone(), |p| p.shares.clone()),
                     alias: published.map_or_else(|| st.alias.clone(), |p| p.alias.clone()),
                     since: published.map_or(st.since, |p| p.since),
                     reason: st.reason.clone(),

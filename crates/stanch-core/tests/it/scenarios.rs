@@ -55,4 +55,5 @@ scenarios!(
     a_slow_pool_keeps_a_share,
     a_slow_pool_alone_keeps_its_traffic,
     shares_flapping_are_pinned,
+    a_split_applies_under_an_override,
 );

@@ -58,6 +58,41 @@ async fn failover_routes_to_the_active_pool() {
 }
 
 #[tokio::test]
+async fn a_split_spreads_requests_by_share() {
+    let mut f = fleet().await;
+    f.gw.split("qwen-72b", &[("dc-a", 25), ("dc-b", 75)], None);
+    for _ in 0..100 {
+        served_by(&f.gw, "acme-key").await;
+    }
+    // Exactly: every 100 requests give each pool its share.
+    assert_eq!((f.a.requests(), f.b.requests()), (25, 75));
+    assert_eq!(f.small.requests(), 0);
+}
+
+#[tokio::test]
+async fn a_split_of_the_alias_degrades_only_its_percentage_and_never_vip() {
+    let mut f = fleet().await;
+    f.gw.split("qwen-72b", &[], Some(("qwen-14b", 40)));
+    let mut degraded = 0;
+    for _ in 0..100 {
+        let (body, h) = served_by(&f.gw, "acme-key").await;
+        if h.get("x-llm-degraded").is_some() {
+            assert_eq!(body["model"], "qwen-14b");
+            degraded += 1;
+        } else {
+            assert_eq!(body["model"], "qwen-72b");
+        }
+    }
+    assert_eq!(degraded, 40);
+    assert_eq!((f.small.requests(), f.a.requests()), (40, 60));
+    for _ in 0..10 {
+        let (body, _) = served_by(&f.gw, "vip-key").await;
+        assert_eq!(body["model"], "qwen-72b", "VIP traffic keeps the model");
+    }
+    assert_eq!(f.small.requests(), 40);
+}
+
+#[tokio::test]
 async fn degraded_serves_non_vip_from_the_alias_and_vip_keeps_the_model() {
     let mut f = fleet().await;
     f.gw.table(

@@ -140,12 +140,54 @@ impl Setup {
         self.table_with_lease(entries, blocked, Duration::from_secs(120));
     }
 
+    /// Publishes a table whose one entry splits `model`'s traffic: `shares` across
+    /// its pools (the largest named as the pool), and `alias` with the percentage of
+    /// non-exempt traffic it serves, degraded.
+    pub fn split(&mut self, model: &str, shares: &[(&str, u8)], alias: Option<(&str, u8)>) {
+        let largest = shares
+            .iter()
+            .reduce(|a, b| if b.1 > a.1 { b } else { a })
+            .map_or("dc-a", |(pool, _)| *pool);
+        let rung = if alias.is_some() {
+            Rung::Degraded
+        } else {
+            Rung::Failover
+        };
+        let mut table = self.build(
+            &[(model, rung, largest, alias.map(|(a, _)| a))],
+            vec![],
+            Duration::from_secs(120),
+        );
+        let entry = table.models.get_mut(model).expect("just made");
+        entry.shares = shares
+            .iter()
+            .map(|(pool, percent)| stanch_api::PoolShare {
+                pool: (*pool).to_owned(),
+                percent: *percent,
+            })
+            .collect();
+        entry.alias_percent = alias.map(|(_, percent)| percent);
+        table.hash = RouteTable::content_hash(&table.models, &table.blocked);
+        self.routes.set(table);
+    }
+
     pub fn table_with_lease(
         &mut self,
         entries: &[(&str, Rung, &str, Option<&str>)],
         blocked: Vec<stanch_api::BlockedEndpoint>,
         lease: Duration,
     ) {
+        let table = self.build(entries, blocked, lease);
+        self.routes.set(table);
+    }
+
+    /// The next version's table, where each (model, rung, pool, alias) is as given.
+    fn build(
+        &mut self,
+        entries: &[(&str, Rung, &str, Option<&str>)],
+        blocked: Vec<stanch_api::BlockedEndpoint>,
+        lease: Duration,
+    ) -> RouteTable {
         self.version += 1;
         let now = SystemClock.now();
         let models: BTreeMap<String, ModelRoute> = entries
@@ -169,14 +211,14 @@ impl Setup {
             })
             .collect();
         let hash = RouteTable::content_hash(&models, &blocked);
-        self.routes.set(RouteTable {
+        RouteTable {
             version: self.version,
             epoch: "e".into(),
             hash,
             generated_at: now,
             models,
             blocked,
-        });
+        }
     }
 }
 

@@ -60,6 +60,8 @@ async fn a_partial_failover_is_published_with_its_shares() {
         serde_json::json!([{"pool": "dc-a", "percent": 25}, {"pool": "dc-b", "percent": 75}])
     );
     assert_eq!(route["reason"], "pool dc-a slow: 75% of its traffic moves");
+    let status = &h.json("/v1/status").await["models"]["qwen-72b"];
+    assert_eq!(status["shares"], route["shares"], "status says it too");
     assert!(
         h.routes().await["models"]["qwen-14b"]
             .get("shares")

@@ -73,6 +73,9 @@ pub struct ModelStatus {
     /// cleared: `None` while they hold, on the normal rung, and under an override.
     #[serde(default)]
     pub step_down: Option<StepDown>,
+    /// A fail-back under way, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failback: Option<FailbackStatus>,
 }
 
 /// An alert acting on a model.
@@ -97,6 +100,24 @@ pub struct StepDown {
     pub to: Rung,
     /// When, if no alert needs the current rung again before then.
     pub at: Timestamp,
+}
+
+/// A fail-back under way: the traffic returning to a lower rung in gated steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailbackStatus {
+    /// The rung the model is on and leaving.
+    pub from: Rung,
+    /// The rung the traffic returns to.
+    pub to: Rung,
+    /// The percentage of the traffic back.
+    pub percent: u8,
+    /// When this step began.
+    pub since: Timestamp,
+    /// When its gate is first judged (the step's hold over).
+    pub judged_at: Timestamp,
+    /// The outcomes seen where the traffic returns since the step began:
+    /// (successes, failures); `None` when no endpoints are configured there.
+    pub outcomes: Option<(u64, u64)>,
 }
 
 /// An override's who, why and until when.

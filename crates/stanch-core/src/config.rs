@@ -20,6 +20,11 @@ use crate::rules::{Action, Matcher};
 /// The default configuration `stanch serve` runs with when given no `--config`.
 pub const DEFAULT_CONFIG_YAML: &str = include_str!("default-config.yaml");
 
+pub use self::failback::FailbackPolicy;
+use self::failback::failback_problems;
+
+mod failback;
+
 /// The longest any ladder, blocking, alert or watch timing may be: 30 days. Longer
 /// than that is not a timing but a decision an operator makes with an override.
 pub const MAX_POLICY_DURATION: HumanDuration = HumanDuration::secs(30 * 86_400);
@@ -86,6 +91,7 @@ impl ModelConfig {
             lease: base.lease,
             flap: own.flap.clone().unwrap_or_else(|| base.flap.clone()),
             backoff: own.backoff.clone().unwrap_or_else(|| base.backoff.clone()),
+            failback: base.failback.clone(),
         }
     }
 }
@@ -167,6 +173,8 @@ pub struct LadderPolicy {
     pub flap: FlapPolicy,
     /// Backoff of `recover_after` for repeated degradation.
     pub backoff: BackoffPolicy,
+    /// How traffic returns when a model steps down from failover or degraded.
+    pub failback: FailbackPolicy,
 }
 
 impl Default for LadderPolicy {
@@ -181,6 +189,7 @@ impl Default for LadderPolicy {
                 max: HumanDuration::secs(16 * 60),
                 reset_after: HumanDuration::secs(30 * 60),
             },
+            failback: FailbackPolicy::default(),
         }
     }
 }
@@ -590,6 +599,7 @@ impl Config {
                 "must be at least 10s, or gateways fail open between renewals".into(),
             );
         }
+        failback_problems(&ladder.failback, problem);
         if ladder.flap.max_transitions < 2 {
             problem(
                 "ladder.flap.max_transitions".into(),
@@ -819,6 +829,7 @@ models:
     fallback: b
 ladder:
   recover_after: 0s
+  failback: {steps: [50, 25, 90], hold: 0s, max_error_rate: 2}
 blocking:
   jitter: 2.0
 alerts:
@@ -850,6 +861,10 @@ mappings:
             "models.b.pools",
             "models.b.fallback",
             "ladder.recover_after",
+            "ladder.failback.steps",
+            "ladder.failback.steps[0]",
+            "ladder.failback.hold",
+            "ladder.failback.max_error_rate",
             "blocking.jitter",
             "alerts.max_active",
             "mappings[0].matchers[0]",

@@ -205,6 +205,37 @@ pub enum Decision {
         /// Why.
         why: String,
     },
+    /// A fail-back moved a step: this much of the model's traffic is back where the
+    /// lower rung sends it.
+    FailbackStep {
+        /// The model.
+        model: String,
+        /// The rung being left.
+        from: Rung,
+        /// The rung the traffic returns to.
+        to: Rung,
+        /// The percentage back now.
+        percent: u8,
+        /// The outcomes the step's gate was judged by, where the traffic returns:
+        /// (successes, failures); `None` for the first step, or when the controller
+        /// knows no endpoints there.
+        outcomes: Option<(u64, u64)>,
+        /// Why it moved.
+        why: String,
+    },
+    /// A fail-back was given up: all of the traffic is back where it was.
+    FailbackAborted {
+        /// The model.
+        model: String,
+        /// The rung it stays on.
+        from: Rung,
+        /// The rung the traffic was returning to.
+        to: Rung,
+        /// The percentage that had returned.
+        percent: u8,
+        /// Why.
+        why: String,
+    },
     /// The flap guard pinned a model.
     FlapPinned {
         /// The model.
@@ -333,6 +364,8 @@ impl Decision {
             Decision::Transition { model, .. }
             | Decision::PoolChanged { model, .. }
             | Decision::SharesChanged { model, .. }
+            | Decision::FailbackStep { model, .. }
+            | Decision::FailbackAborted { model, .. }
             | Decision::FlapPinned { model, .. }
             | Decision::PinEnded { model } => Some(model),
             Decision::Blocked { model, .. }
@@ -362,6 +395,8 @@ impl Decision {
             Decision::Transition { .. } => "transition",
             Decision::PoolChanged { .. } => "pool_changed",
             Decision::SharesChanged { .. } => "shares_changed",
+            Decision::FailbackStep { .. } => "failback_step",
+            Decision::FailbackAborted { .. } => "failback_aborted",
             Decision::FlapPinned { .. } => "flap_pinned",
             Decision::PinEnded { .. } => "pin_ended",
             Decision::Configured { .. } => "configured",
@@ -511,6 +546,23 @@ impl fmt::Display for Decision {
                     side(to, to_pool)
                 )
             }
+            Decision::FailbackStep {
+                model,
+                to,
+                percent,
+                why,
+                ..
+            } => write!(f, "{model}: failing back to {to}, {percent}% back: {why}"),
+            Decision::FailbackAborted {
+                model,
+                from,
+                to,
+                percent,
+                why,
+            } => write!(
+                f,
+                "{model}: fail-back to {to} aborted at {percent}%: {why}; all of it back on {from}"
+            ),
             Decision::FlapPinned {
                 model,
                 rung,

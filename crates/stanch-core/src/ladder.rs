@@ -22,8 +22,14 @@ use stanch_api::{Fingerprint, HumanDuration, Rung, Timestamp};
 
 use crate::config::{LadderPolicy, ModelConfig};
 use crate::decision::{Decision, Rule};
+use crate::failback;
 use crate::mapping::{ALL, Condition};
-use crate::state::{AlertRecord, ModelState};
+
+mod route;
+
+use self::route::refresh_route;
+pub(crate) use self::route::{Route, largest, route_for, split, spread};
+use crate::state::{AlertRecord, BlockKey, FleetStats, ModelState};
 
 /// The health facts of all active alerts, indexed by model.
 #[derive(Debug, Default)]
@@ -247,101 +253,6 @@ fn pools_require(shifts: &[(&str, u8)], conditions: &mut Vec<String>) -> Rung {
     }
 }
 
-/// The model's traffic across its pools, in failover order, given the share of each
-/// pool's traffic to move away: each pool that can take traffic keeps what its shift
-/// leaves of what reaches it and passes the rest on; the last one keeps all that
-/// reaches it. Empty when one pool takes everything (a whole switch, or no shift at
-/// all): then the rung's pool says where traffic goes.
-pub(crate) fn split(shifts: &[(&str, u8)]) -> Vec<PoolShare> {
-    let takers: Vec<_> = shifts.iter().filter(|(_, s)| *s < ALL).collect();
-    let mut left = u32::from(ALL);
-    let mut shares = Vec::new();
-    for (i, (pool, shift)) in takers.iter().enumerate() {
-        let kept = if i + 1 == takers.len() {
-            left
-        } else {
-            // Rounded to the nearest percent; what is left still sums to 100.
-            (left * u32::from(ALL - *shift) + 50) / 100
-        };
-        left -= kept;
-        if kept > 0 {
-            shares.push(PoolShare {
-                pool: (*pool).to_owned(),
-                percent: u8::try_from(kept).unwrap_or(ALL),
-            });
-        }
-    }
-    if shares.len() > 1 { shares } else { Vec::new() }
-}
-
-/// Where a model's traffic goes on a rung.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Route {
-    /// The pool: the largest share when the traffic is split.
-    pool: String,
-    /// The split across pools, if any.
-    shares: Vec<PoolShare>,
-    /// The alias while degraded.
-    alias: Option<String>,
-}
-
-/// Where a model's traffic goes on `rung`: the primary when normal; otherwise split as
-/// the plan says while a pool is slow, else the current pool while it stays healthy
-/// (no needless moves), else the first healthy one.
-fn route_for(current_pool: &str, rung: Rung, model: &ModelConfig, plan: &Plan) -> Route {
-    let primary = model.pools.first().map(|p| p.name()).unwrap_or_default();
-    let mut shares = Vec::new();
-    let pool = if rung == Rung::Normal {
-        primary.to_owned()
-    } else if let Some(largest) = largest(&plan.split) {
-        shares.clone_from(&plan.split);
-        largest.to_owned()
-    } else if model.pools.iter().any(|p| p.name() == current_pool)
-        && !plan.unhealthy_pools.iter().any(|p| p == current_pool)
-    {
-        current_pool.to_owned()
-    } else {
-        plan.first_healthy_pool
-            .clone()
-            .unwrap_or_else(|| primary.to_owned())
-    };
-    let alias = (rung == Rung::Degraded)
-        .then(|| plan.alias.clone().or_else(|| model.fallback.clone()))
-        .flatten();
-    Route {
-        pool,
-        shares,
-        alias,
-    }
-}
-
-/// The pool with the largest share, the first of them on a tie.
-fn largest(shares: &[PoolShare]) -> Option<&str> {
-    shares
-        .iter()
-        .reduce(|a, b| if b.percent > a.percent { b } else { a })
-        .map(|s| s.pool.as_str())
-}
-
-/// Each pool's share of the model's traffic, in failover order: how far two routes
-/// are from the primary compare as these do (the greater, the nearer).
-fn spread(model: &ModelConfig, pool: &str, shares: &[PoolShare]) -> Vec<u8> {
-    model
-        .pools
-        .iter()
-        .map(|p| {
-            if shares.is_empty() {
-                if p.name() == pool { ALL } else { 0 }
-            } else {
-                shares
-                    .iter()
-                    .find(|s| s.pool == p.name())
-                    .map_or(0, |s| s.percent)
-            }
-        })
-        .collect()
-}
-
 /// The inputs of one evaluation that do not change within it.
 pub(crate) struct Ctx<'a> {
     pub name: &'a str,
@@ -349,6 +260,8 @@ pub(crate) struct Ctx<'a> {
     pub policy: &'a LadderPolicy,
     pub plan: &'a Plan,
     pub now: Timestamp,
+    /// The gateways' outcome reports, which gate a fail-back's steps.
+    pub fleet: &'a BTreeMap<BlockKey, FleetStats>,
 }
 
 /// Moves one model per its plan, recording what it did in `out`.
@@ -418,15 +331,32 @@ pub(crate) fn evaluate(
             unviable,
             conditions: cx.plan.conditions.clone(),
         };
+        if let Some(fb) = st.failback.take() {
+            out.push(Decision::FailbackAborted {
+                model: cx.name.to_owned(),
+                from: fb.from,
+                to: fb.to,
+                percent: failback::percent(&fb, &cx.policy.failback.steps),
+                why: format!("the conditions need {}", cx.plan.target),
+            });
+        }
         move_to(st, cx.plan.target, rule, true, cx, out);
+    } else if st.failback.is_some() {
+        failback::advance(st, cx, out);
     } else if let Some((to, ready_at, rule)) = next_step_down(st, cx)
         && now >= ready_at
     {
-        move_to(st, to, rule, true, cx, out);
-        st.last_deescalation = Some(now);
+        if cx.policy.failback.gradual() && failback::worth_it(st, to, cx) {
+            failback::start(st, to, cx, out);
+        } else {
+            move_to(st, to, rule, true, cx, out);
+            st.last_deescalation = Some(now);
+        }
     }
     refresh_route(st, cx, out);
-    if let Some((_, ready_at, _)) = next_step_down(st, cx) {
+    if st.failback.is_none()
+        && let Some((_, ready_at, _)) = next_step_down(st, cx)
+    {
         let at = ready_at.max(now + std::time::Duration::from_millis(1));
         st.wake_at = Some(st.wake_at.map_or(at, |w| w.min(at)));
     }
@@ -457,6 +387,9 @@ pub(crate) fn evaluate(
 /// `flap.window`: the model is pinned where it is, and gateways never see the step) is
 /// not one: none is reported.
 pub(crate) fn step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp)> {
+    if st.failback.is_some() {
+        return None;
+    }
     let (to, at, _) = next_step_down(st, cx)?;
     if st.pin.is_none() {
         let window = cx.policy.flap.window.0;
@@ -504,7 +437,7 @@ fn next_step_down(st: &ModelState, cx: &Ctx<'_>) -> Option<(Rung, Timestamp, Rul
     Some((Rung::from_index(to)?, ready_at, rule))
 }
 
-fn move_to(
+pub(crate) fn move_to(
     st: &mut ModelState,
     to: Rung,
     rule: Rule,
@@ -520,6 +453,7 @@ fn move_to(
     } = route_for(&st.pool, to, cx.model, cx.plan);
     st.rung = to;
     st.since = cx.now;
+    st.failback = None;
     st.pool.clone_from(&pool);
     if shares != st.shares {
         st.shares_since = Some(cx.now);
@@ -546,7 +480,7 @@ fn move_to(
 
 /// Forgets the moves older than the flap window, and pins the model at the highest
 /// rung of the window when its moves, rungs and shares alike, swing too often.
-fn guard_flapping(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
+pub(crate) fn guard_flapping(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
     let window = cx.policy.flap.window.0;
     let old = |t: &Timestamp| cx.now.since(*t) > window;
     while st.transitions.front().is_some_and(|(t, _, _)| old(t)) {
@@ -600,7 +534,7 @@ fn moves(st: &ModelState) -> Vec<(Timestamp, bool)> {
 }
 
 /// Adds a move for the flap guard to count.
-fn count_move(st: &mut ModelState, at: Timestamp, up: bool) {
+pub(crate) fn count_move(st: &mut ModelState, at: Timestamp, up: bool) {
     if st.moves.is_empty() {
         // Kept before share moves were counted: its rung changes come first.
         st.moves = moves(st).into();
@@ -621,85 +555,4 @@ pub(crate) fn swings(moves: impl IntoIterator<Item = (Timestamp, bool)>) -> usiz
         }
     }
     count
-}
-
-/// Moves a model's traffic between pools while its rung stays the same: off a pool
-/// that became unhealthy at once; by share, away from the primary at once and back
-/// toward it only once the conditions have allowed it for the stabilization window,
-/// the route has been held for the minimum dwell, and the flap guard does not hold.
-fn refresh_route(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>) {
-    let route = route_for(&st.pool, st.rung, cx.model, cx.plan);
-    st.alias.clone_from(&route.alias);
-    if route.pool == st.pool && route.shares == st.shares {
-        st.shares_back_since = None;
-        return;
-    }
-    if route.shares.is_empty() && st.shares.is_empty() {
-        let why = if cx.plan.unhealthy_pools.contains(&st.pool) {
-            format!("pool {} failing", st.pool)
-        } else {
-            "route recomputed".to_owned()
-        };
-        out.push(Decision::PoolChanged {
-            model: cx.name.to_owned(),
-            from: std::mem::replace(&mut st.pool, route.pool.clone()),
-            to: route.pool,
-            why,
-        });
-        return;
-    }
-    // A pool that fails outright is left at once, whichever way that moves traffic.
-    let must_leave = cx
-        .plan
-        .unhealthy_pools
-        .iter()
-        .any(|p| *p == st.pool || st.shares.iter().any(|s| s.pool == *p));
-    if cx.plan.target < st.rung && cx.plan.split.is_empty() && !must_leave {
-        // The conditions are clearing and ask for no split: the step down brings the
-        // traffic back. (A split they still ask for applies while the rung is held
-        // above them, by an operator or the flap guard.)
-        st.shares_back_since = None;
-        return;
-    }
-    let now = cx.now;
-    let before = spread(cx.model, &st.pool, &st.shares);
-    let after = spread(cx.model, &route.pool, &route.shares);
-    let away = after < before;
-    if !away && !must_leave {
-        let since = *st.shares_back_since.get_or_insert(now);
-        let window = cx
-            .policy
-            .backoff
-            .scaled(cx.policy.recover_after.0, st.backoff_level);
-        let held_from = st.shares_since.unwrap_or(st.since).max(st.since);
-        let ready_at = (since + window).max(held_from + cx.policy.min_dwell.0);
-        if st.pin.is_some() || now < ready_at {
-            if st.pin.is_none() {
-                st.wake_at = Some(st.wake_at.map_or(ready_at, |w| w.min(ready_at)));
-            }
-            return;
-        }
-    }
-    let why = if away || must_leave {
-        cx.plan.conditions.join("; ")
-    } else {
-        let clear_for = now.since(st.shares_back_since.unwrap_or(now));
-        format!(
-            "shares back toward the primary after {}",
-            HumanDuration(clear_for)
-        )
-    };
-    st.shares_since = Some(now);
-    st.shares_back_since = None;
-    count_move(st, now, away);
-    out.push(Decision::SharesChanged {
-        model: cx.name.to_owned(),
-        from: std::mem::replace(&mut st.shares, route.shares.clone()),
-        to: route.shares,
-        from_pool: std::mem::replace(&mut st.pool, route.pool.clone()),
-        to_pool: route.pool,
-        away,
-        why,
-    });
-    guard_flapping(st, cx, out);
 }

@@ -11,6 +11,7 @@ pub mod blocks;
 pub mod config;
 pub mod decision;
 pub mod engine;
+mod failback;
 mod ladder;
 pub mod mapping;
 pub mod rules;

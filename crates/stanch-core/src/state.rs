@@ -118,6 +118,9 @@ pub struct ModelState {
     /// holds them all.)
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     pub moves: VecDeque<(Timestamp, bool)>,
+    /// A fail-back under way: the traffic returning to a lower rung in steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failback: Option<Failback>,
     /// The alias while degraded.
     pub alias: Option<String>,
     /// When the rung last changed.
@@ -158,6 +161,7 @@ impl ModelState {
             shares_since: None,
             shares_back_since: None,
             moves: VecDeque::new(),
+            failback: None,
             alias: None,
             since: now,
             reason: "healthy".to_owned(),
@@ -174,6 +178,25 @@ impl ModelState {
             wake_at: None,
         }
     }
+}
+
+/// A fail-back under way: the model stays on `from` while a growing part of its
+/// traffic goes where `to` sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failback {
+    /// The rung being left.
+    pub from: Rung,
+    /// The rung the traffic returns to.
+    pub to: Rung,
+    /// The step reached: an index into `ladder.failback.steps`.
+    pub step: usize,
+    /// When that step began.
+    pub since: Timestamp,
+    /// Where `from` sent the traffic when the fail-back began: its pool...
+    pub from_pool: String,
+    /// ...and its split, if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from_shares: Vec<PoolShare>,
 }
 
 /// What a block applies to: an endpoint, for one model or for all.

@@ -47,6 +47,8 @@ pub fn said(decision: &Decision) -> Option<(String, Said)> {
         Decision::PoolChanged { .. } => ("Warning", "PoolChanged", "Transition"),
         Decision::SharesChanged { away: true, .. } => ("Warning", "SharesMoved", "Transition"),
         Decision::SharesChanged { .. } => ("Normal", "SharesReturned", "Transition"),
+        Decision::FailbackStep { .. } => ("Normal", "FailingBack", "Transition"),
+        Decision::FailbackAborted { .. } => ("Warning", "FailbackAborted", "Transition"),
         Decision::FlapPinned { .. } => ("Warning", "FlapPinned", "Transition"),
         Decision::PinEnded { .. } => ("Normal", "PinEnded", "Transition"),
         Decision::Blocked { .. } => ("Warning", "EndpointBlocked", "Block"),

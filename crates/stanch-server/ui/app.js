@@ -17,7 +17,7 @@
     alert_active: "alerts", alert_resolved: "alerts", alert_ignored: "alerts",
     alert_limit: "alerts",
     transition: "decisions", pool_changed: "decisions", shares_changed: "decisions",
-    flap_pinned: "decisions",
+    failback_step: "decisions", failback_aborted: "decisions", flap_pinned: "decisions",
     pin_ended: "decisions", blocked: "decisions", block_skipped: "decisions",
     unblocked: "decisions", configured: "decisions",
     override: "overrides", override_ended: "overrides",

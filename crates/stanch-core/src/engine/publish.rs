@@ -28,6 +28,7 @@ impl Engine {
                 policy: &policy,
                 plan: &plan,
                 now,
+                fleet: &self.state.fleet,
             };
             ladder::evaluate(st, frozen.as_deref(), &cx, out);
         }
@@ -53,7 +54,10 @@ impl Engine {
                     alerts: st.alerts.clone(),
                     overridden: st.force.is_some(),
                     shares: st.shares.clone(),
-                    alias_percent: None,
+                    alias_percent: crate::failback::alias_percent(
+                        st,
+                        &config.ladder_policy(&self.config.ladder).failback.steps,
+                    ),
                 };
                 (name.clone(), route)
             })

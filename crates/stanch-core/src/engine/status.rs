@@ -78,7 +78,7 @@ impl Engine {
                     |m| m.ladder_policy(&self.config.ladder),
                 );
                 let automated = st.force.is_none() && self.frozen(Some(name)).is_none();
-                let step_down = model.filter(|_| automated).and_then(|model| {
+                let (step_down, failback) = model.map_or((None, None), |model| {
                     let plan = ladder::plan(name, model, &health, &self.config.models);
                     let cx = Ctx {
                         name,
@@ -86,8 +86,12 @@ impl Engine {
                         policy: &policy,
                         plan: &plan,
                         now,
+                        fleet: &self.state.fleet,
                     };
-                    ladder::step_down(st, &cx).map(|(to, at)| StepDown { to, at })
+                    let step_down = automated
+                        .then(|| ladder::step_down(st, &cx).map(|(to, at)| StepDown { to, at }))
+                        .flatten();
+                    (step_down, crate::failback::status(st, &cx))
                 });
                 let published = self.state.published.models.get(name);
                 let status = ModelStatus {
@@ -111,6 +115,7 @@ impl Engine {
                     alerts: st.alerts.clone(),
                     conditions: self.conditions(st),
                     step_down,
+                    failback,
                 };
                 (name.clone(), status)
             })

@@ -15,6 +15,7 @@
 //! at 50s   report GATEWAY ENDPOINT model=M ok=N fail=N streak=N
 //! at 60s   configure YAML...           (the whole configuration from now on, in flow style)
 //! run until 10m        (ticks at every wake-up the engine asks for, as the server does)
+//! show                 (the route table as it is now)
 //! ```
 //!
 //! The output lists every decision (lease renewals left out) with its offset, then the
@@ -171,6 +172,11 @@ pub fn run(text: &str) -> String {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
     {
         let words: Vec<&str> = line.split_whitespace().collect();
+        if words == ["show"] {
+            writeln!(out, "-- routes (version {})", engine.route_table().version).unwrap();
+            routes(&mut out, &engine);
+            continue;
+        }
         if let ["run", "until", t] = words.as_slice() {
             let end = T0 + offset(t);
             while let Some(wake) = engine.next_wakeup().filter(|w| *w <= end) {
@@ -327,6 +333,12 @@ pub fn run(text: &str) -> String {
         engine.route_table().version
     )
     .unwrap();
+    routes(&mut out, &engine);
+    out
+}
+
+/// The route table as the output shows it: a line per model, then per block.
+fn routes(out: &mut String, engine: &Engine) {
     let table = engine.route_table();
     for (name, m) in &table.models {
         writeln!(
@@ -344,7 +356,10 @@ pub fn run(text: &str) -> String {
                     .collect();
                 format!(" shares={}", shares.join(","))
             },
-            m.alias.as_deref().unwrap_or("-"),
+            match (m.alias.as_deref(), m.alias_percent) {
+                (Some(a), Some(p)) => format!("{a}:{p}%"),
+                (a, _) => a.unwrap_or("-").to_owned(),
+            },
             m.faq.as_deref().unwrap_or("-"),
             rel(m.since),
             if m.overridden { " overridden" } else { "" }
@@ -361,5 +376,4 @@ pub fn run(text: &str) -> String {
         )
         .unwrap();
     }
-    out
 }

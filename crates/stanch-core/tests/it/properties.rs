@@ -101,6 +101,8 @@ enum Op {
     Release(usize),
     Freeze(Option<usize>, Option<u64>),
     Thaw(Option<usize>),
+    /// A gateway's outcomes at qwen-72b's dc-a endpoint: (successes, failures).
+    Report(u64, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -113,6 +115,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..2usize).prop_map(Op::Release),
         1 => (proptest::option::of(0..2usize), proptest::option::of(10..300u64)).prop_map(|(m, t)| Op::Freeze(m, t)),
         1 => proptest::option::of(0..2usize).prop_map(Op::Thaw),
+        2 => (0..40u64, 0..10u64).prop_map(|(ok, fail)| Op::Report(ok, fail)),
     ]
 }
 
@@ -173,6 +176,16 @@ fn input(op: &Op) -> Input {
                 reason,
             },
         },
+        Op::Report(ok, fail) => Input::Reports {
+            gateway: "gw-1".into(),
+            endpoints: vec![stanch_api::reports::EndpointReport {
+                endpoint: "http://10.0.0.1:8000".into(),
+                model: "qwen-72b".into(),
+                successes: *ok,
+                failures: *fail,
+                consecutive_failures: 0,
+            }],
+        },
     }
 }
 
@@ -207,6 +220,38 @@ fn ops() -> impl Strategy<Value = Vec<(u64, Op)>> {
 
 fn fresh() -> Engine {
     Engine::new(config(), Engine::fresh_state("p".into(), T0), T0)
+}
+
+/// Runs `ops` under `config` with the state saved and restored (as the store does)
+/// after the first `cut`: every decision with its time, and the engine at the end.
+fn saved_and_restored(
+    config: fn() -> Config,
+    ops: &[(u64, Op)],
+    cut: usize,
+) -> (Vec<(Timestamp, Decision)>, Engine) {
+    let cut = cut.min(ops.len());
+    let mut c = Engine::new(config(), Engine::fresh_state("p".into(), T0), T0);
+    let first = drive(&mut c, &ops[..cut], T0, |_, _, _| {});
+    let t_cut = T0 + Duration::from_secs(ops[..cut].iter().map(|(dt, _)| dt).sum());
+    let saved = serde_json::to_string(c.state()).unwrap();
+    let restored: EngineState = serde_json::from_str(&saved).unwrap();
+    let mut d = Engine::new(config(), restored, t_cut);
+    let second = drive(&mut d, &ops[cut..], t_cut, |_, _, _| {});
+    (first.into_iter().chain(second).collect(), d)
+}
+
+/// The same, failing back in steps gated on qwen-72b's outcomes at dc-a.
+fn gradual() -> Config {
+    let mut c = config();
+    c.ladder.failback.steps = vec![10, 25, 50, 100];
+    c.ladder.failback.hold = HumanDuration::secs(20);
+    c.ladder.failback.max_wait = HumanDuration::secs(60);
+    let pools = &mut c.models.get_mut("qwen-72b").unwrap().pools;
+    pools[0] = stanch_core::config::PoolConfig::Full {
+        name: "dc-a".into(),
+        endpoints: vec!["10.0.0.1:8000".into()],
+    };
+    c
 }
 
 proptest! {
@@ -353,15 +398,7 @@ proptest! {
         prop_assert_eq!(&log_a, &log_b);
         prop_assert_eq!(a.state(), b.state());
 
-        let cut = cut.min(ops.len());
-        let mut c = fresh();
-        let first = drive(&mut c, &ops[..cut], T0, |_, _, _| {});
-        let t_cut = T0 + Duration::from_secs(ops[..cut].iter().map(|(dt, _)| dt).sum());
-        let saved = serde_json::to_string(c.state()).unwrap();
-        let restored: EngineState = serde_json::from_str(&saved).unwrap();
-        let mut d = Engine::new(config(), restored, t_cut);
-        let second = drive(&mut d, &ops[cut..], t_cut, |_, _, _| {});
-        let joined: Vec<_> = first.into_iter().chain(second).collect();
+        let (joined, d) = saved_and_restored(config, &ops, cut);
         prop_assert_eq!(&log_a, &joined);
         prop_assert_eq!(a.state(), d.state());
     }
@@ -456,6 +493,38 @@ proptest! {
                 prop_assert_eq!(back, table);
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Failing back in steps never holds a model below what its conditions need, every
+    /// table it publishes is one the gateways take, an alias share appears only on a
+    /// degraded model failing back, and it replays exactly from a saved state.
+    #[test]
+    fn gradual_failback_keeps_every_invariant(ops in ops(), cut in 0usize..60) {
+        let fresh = || Engine::new(gradual(), Engine::fresh_state("p".into(), T0), T0);
+        let mut a = fresh();
+        let log_a = drive(&mut a, &ops, T0, |e, _, _| {
+            let s = e.state();
+            let table = e.route_table();
+            for (name, st) in &s.models {
+                let route = &table.models[name];
+                assert_eq!(route.check_split(), Ok(()), "{name}: {route:?}");
+                if route.alias_percent.is_some() {
+                    assert_eq!(route.rung, Rung::Degraded, "{name}: {route:?}");
+                    assert!(st.failback.is_some(), "{name}: an alias share outside a fail-back");
+                }
+                if st.force.is_none() && st.freeze.is_none() && s.global_freeze.is_none() {
+                    let target = e.target(name).unwrap();
+                    assert!(st.rung >= target, "{name} at {} below target {target}", st.rung);
+                }
+            }
+        });
+        let (joined, d) = saved_and_restored(gradual, &ops, cut);
+        prop_assert_eq!(&log_a, &joined);
+        prop_assert_eq!(a.state(), d.state());
     }
 }
 

@@ -56,4 +56,7 @@ scenarios!(
     a_slow_pool_alone_keeps_its_traffic,
     shares_flapping_are_pinned,
     a_split_applies_under_an_override,
+    failback_returns_in_gated_steps,
+    failback_aborts,
+    failback_from_degraded,
 );

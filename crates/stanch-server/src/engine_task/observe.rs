@@ -74,6 +74,12 @@ impl EngineTask {
                 Decision::SharesChanged { model, .. } => {
                     info!(model = %model, decision = %d, "shares moved");
                 }
+                Decision::FailbackStep { model, .. } => {
+                    info!(model = %model, decision = %d, "failing back");
+                }
+                Decision::FailbackAborted { model, .. } => {
+                    warn!(model = %model, decision = %d, "fail-back aborted");
+                }
                 Decision::FlapPinned { .. } => warn!(decision = %d, "flap guard engaged"),
                 Decision::AlertLimit {
                     source, refused, ..

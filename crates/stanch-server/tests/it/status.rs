@@ -211,3 +211,89 @@ async fn the_page_is_served_without_a_token_under_a_strict_policy() {
     // The data behind the page still needs the read token.
     assert_eq!(h.get("/v1/status", None).await.status(), 401);
 }
+
+/// With gradual fail-back, a recovered dc-a gets its traffic back in steps: the route
+/// splits, status shows the step and what it will be judged by, and the gateways'
+/// outcomes at dc-a move it on; a failing step sends everything back to dc-b.
+#[tokio::test]
+async fn a_gradual_failback_steps_by_the_outcomes_and_aborts_on_failures() {
+    let mut config = test_config();
+    config.ladder.failback.steps = vec![10, 50, 100];
+    config.ladder.failback.hold = HumanDuration::secs(30);
+    config.ladder.failback.min_samples = 10;
+    config.models.get_mut("qwen-72b").unwrap().pools[0] = stanch_core::config::PoolConfig::Full {
+        name: "dc-a".into(),
+        endpoints: vec!["10.0.0.1:8000".into()],
+    };
+    let h = Harness::with(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
+    fail_dc_a(&h).await;
+    h.clock.advance(Duration::from_secs(5));
+    h.webhook(fixture("alertmanager-v4-resolved-failover.json"))
+        .await;
+    let recover_after = h.config.ladder.recover_after.0;
+    h.clock.advance(recover_after);
+    let shares =
+        stanch_testkit::wait::until_some("the first step", Duration::from_secs(5), || async {
+            let route = &h.routes().await["models"]["qwen-72b"];
+            route.get("shares").cloned()
+        })
+        .await;
+    assert_eq!(
+        shares,
+        json!([{"pool": "dc-a", "percent": 10}, {"pool": "dc-b", "percent": 90}])
+    );
+    let m = &h.json("/v1/status").await["models"]["qwen-72b"];
+    assert_eq!(m["rung"], "failover", "on its rung until the last step");
+    assert_eq!(m["failback"]["to"], "normal");
+    assert_eq!(m["failback"]["percent"], 10);
+    assert_eq!(m["failback"]["outcomes"], json!([0, 0]));
+    assert_eq!(
+        at(&m["failback"]["judged_at"]),
+        at(&m["failback"]["since"]) + Duration::from_secs(30)
+    );
+
+    // Good outcomes at dc-a: the next step.
+    let report = |ok: u64, failed: u64| {
+        json!({"gateway": "gw-1", "endpoints": [{"endpoint": "http://10.0.0.1:8000",
+            "model": "qwen-72b", "successes": ok, "failures": failed, "consecutive_failures": 0}]})
+        .to_string()
+    };
+    h.clock.advance(Duration::from_secs(1));
+    let r = h.post("/v1/reports", Some(REPORT), report(40, 1)).await;
+    assert_eq!(r.status(), 200);
+    h.clock.advance(Duration::from_secs(30));
+    stanch_testkit::wait::until("the second step", Duration::from_secs(5), || async {
+        h.routes().await["models"]["qwen-72b"]["shares"]
+            == json!([{"pool": "dc-a", "percent": 50}, {"pool": "dc-b", "percent": 50}])
+    })
+    .await;
+
+    // Failures at dc-a: everything back on dc-b at once.
+    h.clock.advance(Duration::from_secs(1));
+    h.post("/v1/reports", Some(REPORT), report(5, 20)).await;
+    h.clock.advance(Duration::from_secs(30));
+    stanch_testkit::wait::until("the abort", Duration::from_secs(5), || async {
+        let route = &h.routes().await["models"]["qwen-72b"];
+        route["pool"] == "dc-b" && route.get("shares").is_none()
+    })
+    .await;
+    let history: Vec<Value> = h.get("/v1/history", Some(READ)).await.json().await.unwrap();
+    let kinds: Vec<&str> = history.iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert!(kinds.contains(&"failback_step"), "{kinds:?}");
+    let aborted = history
+        .iter()
+        .find(|e| e["kind"] == "failback_aborted")
+        .expect("the abort is in the history");
+    assert!(
+        aborted["summary"]
+            .as_str()
+            .unwrap()
+            .contains("20 of 25 outcomes failed"),
+        "{aborted}"
+    );
+    assert!(h.json("/v1/status").await["models"]["qwen-72b"]["failback"].is_null());
+}

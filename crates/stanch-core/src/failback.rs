@@ -317,6 +317,24 @@ fn finish(
     st.last_deescalation = Some(cx.now);
 }
 
+/// Ends a fail-back an operator's override takes over from: the traffic goes back
+/// where the rung left sent it, without the backoff or the flap count of an abort.
+pub(crate) fn cancel(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>, why: &str) {
+    let Some(fb) = st.failback.take() else {
+        return;
+    };
+    st.pool.clone_from(&fb.from_pool);
+    st.shares.clone_from(&fb.from_shares);
+    st.shares_since = Some(cx.now);
+    out.push(Decision::FailbackAborted {
+        model: cx.name.to_owned(),
+        from: fb.from,
+        to: fb.to,
+        percent: percent(&fb, &cx.policy.failback.steps),
+        why: why.to_owned(),
+    });
+}
+
 /// Gives the fail-back up: the traffic goes back where the rung left sent it, the
 /// window starts over with backoff, and the abort is a move up for the flap guard.
 fn abort(st: &mut ModelState, fb: &Failback, cx: &Ctx<'_>, out: &mut Vec<Decision>, why: String) {

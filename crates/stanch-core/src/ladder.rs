@@ -287,6 +287,7 @@ pub(crate) fn evaluate(
 
     if let Some(force) = &st.force {
         let (rung, reason) = (force.rung, force.info.reason.clone());
+        failback::cancel(st, cx, out, &format!("an operator forced {rung}"));
         if st.rung != rung {
             move_to(
                 st,
@@ -362,6 +363,14 @@ pub(crate) fn evaluate(
     }
     st.reason = if !cx.plan.conditions.is_empty() {
         cx.plan.conditions.join("; ")
+    } else if let Some(fb) = &st.failback {
+        format!(
+            "failing back to {}: {}% back since {}, each step held {} and judged by the outcomes there",
+            fb.to,
+            failback::percent(fb, &cx.policy.failback.steps),
+            fb.since,
+            cx.policy.failback.hold
+        )
     } else if st.rung != Rung::Normal {
         let window = cx
             .policy

@@ -104,6 +104,55 @@ pub struct DryRunRequest {
     pub reason: String,
 }
 
+/// What an operator does to a fail-back under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailbackAction {
+    /// Return the rest of the traffic now: the step down, without the remaining gates.
+    Skip,
+    /// Give it up: all of the traffic back where it was, the window started over with
+    /// backoff, as when a gate fails.
+    Abort,
+}
+
+impl FailbackAction {
+    /// Its name in requests: `skip`, `abort`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailbackAction::Skip => "skip",
+            FailbackAction::Abort => "abort",
+        }
+    }
+}
+
+impl std::str::FromStr for FailbackAction {
+    type Err = UnknownFailbackAction;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [FailbackAction::Skip, FailbackAction::Abort]
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| UnknownFailbackAction(s.to_owned()))
+    }
+}
+
+/// A fail-back action that is neither `skip` nor `abort`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a fail-back action: skip or abort")]
+pub struct UnknownFailbackAction(String);
+
+/// `POST /v1/admin/failback`: skip to the end of a model's fail-back, or abort it. (A
+/// freeze pauses one; a thaw resumes it.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailbackRequest {
+    /// The model failing back.
+    pub model: String,
+    /// `skip` or `abort`.
+    pub action: FailbackAction,
+    /// Why, for the audit history.
+    pub reason: String,
+}
+
 /// The answer to every admin request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdminResponse {

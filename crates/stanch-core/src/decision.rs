@@ -81,11 +81,15 @@ pub enum OverrideAction {
     UnblockAll,
     /// Dry-run turned on or off.
     DryRun,
+    /// A fail-back skipped to its end.
+    FailbackSkip,
+    /// A fail-back aborted.
+    FailbackAbort,
 }
 
 impl OverrideAction {
     /// Its name: `force`, `release`, `freeze`, `thaw`, `block`, `unblock`,
-    /// `unblock-all`, `dry-run`.
+    /// `unblock-all`, `dry-run`, `failback-skip`, `failback-abort`.
     pub fn as_str(self) -> &'static str {
         match self {
             OverrideAction::Force => "force",
@@ -96,6 +100,8 @@ impl OverrideAction {
             OverrideAction::Unblock => "unblock",
             OverrideAction::UnblockAll => "unblock-all",
             OverrideAction::DryRun => "dry-run",
+            OverrideAction::FailbackSkip => "failback-skip",
+            OverrideAction::FailbackAbort => "failback-abort",
         }
     }
 }

@@ -13,6 +13,7 @@
 //! traffic still on the alias (`alias_percent`). VIP traffic, exempt from the alias,
 //! is on the model throughout. The last step is the step down itself.
 
+use stanch_api::admin::FailbackAction;
 use stanch_api::routes::{PoolShare, endpoint_names};
 use stanch_api::status::FailbackStatus;
 use stanch_api::{HumanDuration, Rung, Timestamp};
@@ -45,6 +46,7 @@ pub(crate) fn start(st: &mut ModelState, to: Rung, cx: &Ctx<'_>, out: &mut Vec<D
         since: cx.now,
         from_pool: st.pool.clone(),
         from_shares: st.shares.clone(),
+        order: None,
     };
     st.failback = Some(failback);
     st.shares_back_since = None;
@@ -66,6 +68,24 @@ pub(crate) fn advance(st: &mut ModelState, cx: &Ctx<'_>, out: &mut Vec<Decision>
         return;
     };
     let policy = &cx.policy.failback;
+    match &fb.order {
+        Some((FailbackAction::Skip, reason)) => {
+            let why = format!("skipped to the end by an operator: {reason}");
+            finish(st, &fb, cx, out, None, &why);
+            return;
+        }
+        Some((FailbackAction::Abort, reason)) => {
+            abort(
+                st,
+                &fb,
+                cx,
+                out,
+                format!("aborted by an operator: {reason}"),
+            );
+            return;
+        }
+        None => {}
+    }
     if cx.plan.target > fb.to {
         let why = format!(
             "the conditions need {} again: {}",

@@ -197,6 +197,10 @@ pub struct Failback {
     /// ...and its split, if any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub from_shares: Vec<PoolShare>,
+    /// An operator's word on it, carried out at the model's next evaluation: skip to
+    /// the end, or abort, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<(stanch_api::admin::FailbackAction, String)>,
 }
 
 /// What a block applies to: an endpoint, for one model or for all.

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stanch_api::admin::{
-    AdminResponse, BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest,
-    ThawRequest, UnblockAllRequest, UnblockRequest,
+    AdminResponse, BlockRequest, DryRunRequest, FailbackRequest, ForceRequest, FreezeRequest,
+    ReleaseRequest, ThawRequest, UnblockAllRequest, UnblockRequest,
 };
 use stanch_api::status::{HistoryEntry, StatusReport};
 use stanch_api::{ErrorBody, RouteTable};
@@ -134,6 +134,18 @@ fn override_of(command: OverrideCmd) -> Override {
             ("freeze", to_json(FreezeRequest { model, ttl, reason }))
         }
         OverrideCmd::Thaw { model, reason } => ("thaw", to_json(ThawRequest { model, reason })),
+        OverrideCmd::Failback {
+            model,
+            action,
+            reason,
+        } => (
+            "failback",
+            to_json(FailbackRequest {
+                model,
+                action,
+                reason,
+            }),
+        ),
         OverrideCmd::Block {
             endpoint,
             model,

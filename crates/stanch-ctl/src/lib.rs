@@ -146,6 +146,15 @@ enum OverrideCmd {
         #[arg(long)]
         reason: String,
     },
+    /// Cut a model's fail-back short: skip (the rest of its traffic returns now) or
+    /// abort (all of it back, with backoff). A freeze pauses one.
+    Failback {
+        model: String,
+        /// skip or abort.
+        action: stanch_api::admin::FailbackAction,
+        #[arg(long)]
+        reason: String,
+    },
     /// Soft-block an endpoint.
     Block {
         endpoint: String,

@@ -92,6 +92,7 @@ pub fn check_command(config: &Config, command: &Command) -> Result<(), BadComman
             positive(ttl)
         }
         Command::Unblock { endpoint: e, .. } => endpoint(e),
+        Command::Failback { model, .. } => model_known(model),
         Command::UnblockAll { .. } | Command::DryRun { .. } => Ok(()),
     }
 }
@@ -143,6 +144,11 @@ impl Engine {
                 return self.unblock(key, reason, out);
             }
             Command::UnblockAll { reason } => return self.unblock_all(reason, out),
+            Command::Failback {
+                model,
+                order,
+                reason,
+            } => (self.order_failback(&model, order, &reason), reason),
             Command::DryRun { enabled, reason } => (
                 self.set_dry_run(enabled.then(|| info(&reason, None))),
                 reason,
@@ -210,6 +216,30 @@ impl Engine {
                 ))
             }
         }
+    }
+
+    /// An operator's word on a model's fail-back, carried out as the step evaluates the
+    /// model; nothing when none is under way.
+    fn order_failback(
+        &mut self,
+        model: &str,
+        action: stanch_api::admin::FailbackAction,
+        reason: &str,
+    ) -> Option<Done> {
+        use stanch_api::admin::FailbackAction;
+        let fb = self.state.models.get_mut(model)?.failback.as_mut()?;
+        fb.order = Some((action, reason.to_owned()));
+        let (action, detail) = match action {
+            FailbackAction::Skip => (
+                OverrideAction::FailbackSkip,
+                format!("{model}: the rest of its traffic returns to {} now", fb.to),
+            ),
+            FailbackAction::Abort => (
+                OverrideAction::FailbackAbort,
+                format!("{model}: its fail-back to {} given up", fb.to),
+            ),
+        };
+        Some(Done::of(action, detail).about(model))
     }
 
     /// Dry-run on with `on`'s account, or off with `None`; nothing if already so.

@@ -138,6 +138,15 @@ pub enum Command {
         /// Why.
         reason: String,
     },
+    /// Skip to the end of a model's fail-back, or abort it.
+    Failback {
+        /// The model.
+        model: String,
+        /// Skip or abort. (`order`, as `action` tags the command.)
+        order: stanch_api::admin::FailbackAction,
+        /// Why.
+        reason: String,
+    },
     /// Turn dry-run on or off.
     DryRun {
         /// On or off.

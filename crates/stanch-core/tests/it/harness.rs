@@ -11,6 +11,7 @@
 //! at 20s   push KV ends=+30s action=trigger-model-degradation target_model=qwen-72b
 //! at 30s   force qwen-72b static ttl=5m reason=drill
 //! at 40s   release qwen-72b | freeze [model] | thaw [model] | block EP [model] | unblock EP [model]
+//! at 40s   failback qwen-72b skip|abort reason=...
 //! at 40s   unblock-all | dry-run on|off | reconcile NAME... | tick
 //! at 50s   report GATEWAY ENDPOINT model=M ok=N fail=N streak=N
 //! at 60s   configure YAML...           (the whole configuration from now on, in flow style)
@@ -276,6 +277,17 @@ pub fn run(text: &str) -> String {
             "release" => Input::Command {
                 command: Command::Release {
                     model: positional[0].into(),
+                    reason,
+                },
+            },
+            "failback" => Input::Command {
+                command: Command::Failback {
+                    model: positional[0].into(),
+                    order: match positional[1] {
+                        "skip" => stanch_api::admin::FailbackAction::Skip,
+                        "abort" => stanch_api::admin::FailbackAction::Abort,
+                        other => panic!("failback {other}: skip or abort"),
+                    },
                     reason,
                 },
             },

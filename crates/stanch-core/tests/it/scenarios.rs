@@ -59,4 +59,5 @@ scenarios!(
     failback_returns_in_gated_steps,
     failback_aborts,
     failback_from_degraded,
+    failback_skipped_and_aborted_by_an_operator,
 );

@@ -1,12 +1,13 @@
-//! Overrides: force, release, freeze, thaw, block, unblock, unblock-all, dry-run.
+//! Overrides: force, release, freeze, thaw, block, unblock, unblock-all, dry-run, and a
+//! fail-back's skip or abort.
 //! Each needs a `reason`, goes through the engine, and lands in the audit history.
 
 use axum::Json;
 use axum::extract::State;
 use serde::de::DeserializeOwned;
 use stanch_api::admin::{
-    AdminResponse, BlockRequest, DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest,
-    ThawRequest, UnblockAllRequest, UnblockRequest, validate_reason,
+    AdminResponse, BlockRequest, DryRunRequest, FailbackRequest, ForceRequest, FreezeRequest,
+    ReleaseRequest, ThawRequest, UnblockAllRequest, UnblockRequest, validate_reason,
 };
 use stanch_core::engine::check_command;
 use stanch_core::{Command, Decision, Input};
@@ -45,6 +46,7 @@ overrides! {
     ReleaseRequest => |r| Command::Release { model: r.model, reason: r.reason };
     FreezeRequest => |r| Command::Freeze { model: r.model, ttl: r.ttl, reason: r.reason };
     ThawRequest => |r| Command::Thaw { model: r.model, reason: r.reason };
+    FailbackRequest => |r| Command::Failback { model: r.model, order: r.action, reason: r.reason };
     BlockRequest => |r| Command::Block { endpoint: r.endpoint, model: r.model, ttl: r.ttl, reason: r.reason };
     UnblockRequest => |r| Command::Unblock { endpoint: r.endpoint, model: r.model, reason: r.reason };
     UnblockAllRequest => |r| Command::UnblockAll { reason: r.reason };

@@ -24,7 +24,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use stanch_api::admin::{
-    DryRunRequest, ForceRequest, FreezeRequest, ReleaseRequest, ThawRequest, UnblockAllRequest,
+    DryRunRequest, FailbackRequest, ForceRequest, FreezeRequest, ReleaseRequest, ThawRequest,
+    UnblockAllRequest,
 };
 use stanch_api::status::WatchTransport;
 use stanch_core::Config;
@@ -135,6 +136,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/admin/unblock"),
     ("POST", "/v1/admin/unblock-all"),
     ("POST", "/v1/admin/dry-run"),
+    ("POST", "/v1/admin/failback"),
     ("GET", "/v1/routes"),
     ("GET", "/v1/routes/stream"),
     ("GET", "/v1/status"),
@@ -168,6 +170,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/release", post(admin::apply::<ReleaseRequest>))
         .route("/v1/admin/freeze", post(admin::apply::<FreezeRequest>))
         .route("/v1/admin/thaw", post(admin::apply::<ThawRequest>))
+        .route("/v1/admin/failback", post(admin::apply::<FailbackRequest>))
         .route("/v1/admin/block", post(admin::block))
         .route("/v1/admin/unblock", post(admin::unblock))
         .route(

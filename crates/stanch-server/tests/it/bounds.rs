@@ -77,6 +77,11 @@ fn rows() -> Vec<(&'static str, &'static str, Value)> {
             json!({"model": "qwen-72b", "rung": "panic", "reason": "r"}),
         ),
         (
+            "/v1/admin/failback",
+            "action",
+            json!({"model": "qwen-72b", "action": "pause", "reason": "r"}),
+        ),
+        (
             "/v1/admin/thaw",
             "reason",
             json!({"reason": "集".repeat(1025)}),

@@ -212,6 +212,27 @@ async fn the_page_is_served_without_a_token_under_a_strict_policy() {
     assert_eq!(h.get("/v1/status", None).await.status(), 401);
 }
 
+/// A controller under `config` whose qwen-72b failed over from dc-a, recovered, and
+/// has begun its fail-back: the first step taken.
+async fn at_the_first_step(config: stanch_core::Config) -> Harness {
+    let h = Harness::with(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
+    fail_dc_a(&h).await;
+    h.clock.advance(Duration::from_secs(5));
+    h.webhook(fixture("alertmanager-v4-resolved-failover.json"))
+        .await;
+    h.clock.advance(h.config.ladder.recover_after.0);
+    let first = h.config.ladder.failback.steps[0];
+    stanch_testkit::wait::until("the first step", Duration::from_secs(5), || async {
+        h.json("/v1/status").await["models"]["qwen-72b"]["failback"]["percent"] == first
+    })
+    .await;
+    h
+}
+
 /// With gradual fail-back, a recovered dc-a gets its traffic back in steps: the route
 /// splits, status shows the step and what it will be judged by, and the gateways'
 /// outcomes at dc-a move it on; a failing step sends everything back to dc-b.
@@ -225,23 +246,8 @@ async fn a_gradual_failback_steps_by_the_outcomes_and_aborts_on_failures() {
         name: "dc-a".into(),
         endpoints: vec!["10.0.0.1:8000".into()],
     };
-    let h = Harness::with(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
-    fail_dc_a(&h).await;
-    h.clock.advance(Duration::from_secs(5));
-    h.webhook(fixture("alertmanager-v4-resolved-failover.json"))
-        .await;
-    let recover_after = h.config.ladder.recover_after.0;
-    h.clock.advance(recover_after);
-    let shares =
-        stanch_testkit::wait::until_some("the first step", Duration::from_secs(5), || async {
-            let route = &h.routes().await["models"]["qwen-72b"];
-            route.get("shares").cloned()
-        })
-        .await;
+    let h = at_the_first_step(config).await;
+    let shares = h.routes().await["models"]["qwen-72b"]["shares"].clone();
     assert_eq!(
         shares,
         json!([{"pool": "dc-a", "percent": 10}, {"pool": "dc-b", "percent": 90}])
@@ -296,4 +302,48 @@ async fn a_gradual_failback_steps_by_the_outcomes_and_aborts_on_failures() {
         "{aborted}"
     );
     assert!(h.json("/v1/status").await["models"]["qwen-72b"]["failback"].is_null());
+}
+
+/// An operator skips a fail-back to its end over the admin API; a fail-back that is
+/// not under way changes nothing; a bad action is refused naming the field.
+#[tokio::test]
+async fn a_failback_is_skipped_by_an_operator() {
+    let mut config = test_config();
+    config.ladder.failback.steps = vec![10, 50, 100];
+    let h = at_the_first_step(config).await;
+    let r = h
+        .admin(
+            "failback",
+            json!({"model": "qwen-14b", "action": "skip", "reason": "r"}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let changed = &r.json::<Value>().await.unwrap()["changed"];
+    assert_eq!(*changed, false, "none under way for qwen-14b");
+
+    let skip = json!({"model": "qwen-72b", "action": "skip", "reason": "dc-a is fine"});
+    let r = h.admin("failback", skip).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["changed"], true);
+    let route = &h.routes().await["models"]["qwen-72b"];
+    assert_eq!(route["rung"], "normal", "{route}");
+    assert_eq!(route["pool"], "dc-a");
+
+    let r = h
+        .admin(
+            "failback",
+            json!({"model": "qwen-72b", "action": "pause", "reason": "r"}),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(body.to_string().contains("action"), "{body}");
+    let r = h
+        .post(
+            "/v1/admin/failback",
+            None,
+            json!({"model": "qwen-72b", "action": "skip", "reason": "r"}).to_string(),
+        )
+        .await;
+    assert_eq!(r.status(), 401, "the admin token is needed");
 }

@@ -171,11 +171,7 @@ impl ModelRoute {
                     format!("they sum to {total}, not 100"),
                 ));
             }
-            let largest = self
-                .shares
-                .iter()
-                .reduce(|a, b| if b.percent > a.percent { b } else { a })
-                .map(|s| s.pool.as_str());
+            let largest = largest_share(&self.shares);
             if largest != Some(self.pool.as_str()) {
                 return Err(Invalid::new(
                     "pool",
@@ -191,6 +187,28 @@ impl ModelRoute {
             Some(_) if self.alias.is_none() => Err(Invalid::new(field, "set without an alias")),
             _ => Ok(()),
         }
+    }
+}
+
+/// The pool with the largest share, the first of them on a tie: what `pool` names
+/// while a model's traffic is split.
+pub fn largest_share(shares: &[PoolShare]) -> Option<&str> {
+    shares
+        .iter()
+        .reduce(|a, b| if b.percent > a.percent { b } else { a })
+        .map(|s| s.pool.as_str())
+}
+
+/// The percentage of a model's traffic that `of` gets from a route to `pool` split by
+/// `shares`: its share while split, else all of it for `pool` and none for the rest.
+pub fn share_of(pool: &str, shares: &[PoolShare], of: &str) -> u8 {
+    if shares.is_empty() {
+        if of == pool { 100 } else { 0 }
+    } else {
+        shares
+            .iter()
+            .find(|s| s.pool == of)
+            .map_or(0, |s| s.percent)
     }
 }
 

@@ -14,12 +14,12 @@
 //! is on the model throughout. The last step is the step down itself.
 
 use stanch_api::admin::FailbackAction;
-use stanch_api::routes::{PoolShare, endpoint_names};
+use stanch_api::routes::{PoolShare, endpoint_names, largest_share};
 use stanch_api::status::FailbackStatus;
 use stanch_api::{HumanDuration, Rung, Timestamp};
 
 use crate::decision::{Decision, Rule};
-use crate::ladder::{Ctx, Route, count_move, guard_flapping, largest, move_to, route_for, spread};
+use crate::ladder::{Ctx, Route, count_move, guard_flapping, move_to, route_for, spread};
 use crate::mapping::ALL;
 use crate::state::{Failback, ModelState};
 
@@ -259,7 +259,7 @@ fn apply_route(st: &mut ModelState, cx: &Ctx<'_>) {
             st.shares.clear();
         }
         _ => {
-            if let Some(pool) = largest(&shares) {
+            if let Some(pool) = largest_share(&shares) {
                 st.pool = pool.to_owned();
             }
             st.shares = shares;

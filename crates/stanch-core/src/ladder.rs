@@ -28,7 +28,7 @@ use crate::mapping::{ALL, Condition};
 mod route;
 
 use self::route::refresh_route;
-pub(crate) use self::route::{Route, largest, route_for, split, spread};
+pub(crate) use self::route::{Route, route_for, split, spread};
 use crate::state::{AlertRecord, BlockKey, FleetStats, ModelState};
 
 /// The health facts of all active alerts, indexed by model.

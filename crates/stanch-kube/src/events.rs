@@ -169,6 +169,39 @@ mod tests {
             reason: "fleet".into(),
         };
         assert_eq!(said(&blocked).unwrap().1.reason, "EndpointBlocked");
+        // Shares and fail-backs alike: traffic moving away is a warning, back is not.
+        let shares = |away| Decision::SharesChanged {
+            model: "qwen-72b".into(),
+            from: vec![],
+            to: vec![],
+            from_pool: "dc-a".into(),
+            to_pool: "dc-b".into(),
+            away,
+            why: "pool dc-a slow".into(),
+        };
+        let kind = |d: &Decision| {
+            let (_, s) = said(d).unwrap();
+            (s.type_, s.reason)
+        };
+        assert_eq!(kind(&shares(true)), ("Warning", "SharesMoved"));
+        assert_eq!(kind(&shares(false)), ("Normal", "SharesReturned"));
+        let step = Decision::FailbackStep {
+            model: "qwen-72b".into(),
+            from: Rung::Failover,
+            to: Rung::Normal,
+            percent: 25,
+            outcomes: Some((99, 1)),
+            why: "1 of 100 outcomes failed".into(),
+        };
+        assert_eq!(kind(&step), ("Normal", "FailingBack"));
+        let aborted = Decision::FailbackAborted {
+            model: "qwen-72b".into(),
+            from: Rung::Failover,
+            to: Rung::Normal,
+            percent: 25,
+            why: "9 of 20 outcomes failed".into(),
+        };
+        assert_eq!(kind(&aborted), ("Warning", "FailbackAborted"));
     }
 
     #[test]

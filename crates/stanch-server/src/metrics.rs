@@ -7,6 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use stanch_api::routes::share_of;
 pub use stanch_net::exposition::Label;
 
 /// Label: which intake endpoint.
@@ -325,22 +326,14 @@ impl Metrics {
             m.model_rung
                 .get_or_create(&ModelLabel { model: name.into() })
                 .set(route.rung.index() as i64);
-            let pools = s
-                .config
-                .as_ref()
-                .and_then(|c| c.models.get(name))
-                .map(|c| c.pools.iter().map(|p| p.name().to_owned()).collect())
-                .unwrap_or_else(|| vec![route.pool.clone()]);
+            // Every configured pool, so that one losing its share reads 0, not stale.
+            let configured = s.config.as_ref().and_then(|c| c.models.get(name));
+            let pools = configured
+                .into_iter()
+                .flat_map(|c| c.pools.iter().map(|p| p.name()))
+                .chain(configured.is_none().then_some(route.pool.as_str()));
             for pool in pools {
-                let percent = if route.shares.is_empty() {
-                    if pool == route.pool { 100 } else { 0 }
-                } else {
-                    route
-                        .shares
-                        .iter()
-                        .find(|share| share.pool == pool)
-                        .map_or(0, |share| share.percent)
-                };
+                let percent = share_of(&route.pool, &route.shares, pool);
                 m.pool_share
                     .get_or_create(&PoolLabels {
                         model: name.into(),

@@ -2,7 +2,7 @@
 //! a pool is slow, the route each rung gives, and how a route moves while the rung
 //! stays (away from the primary at once, back only after the window).
 
-use stanch_api::routes::PoolShare;
+use stanch_api::routes::{PoolShare, largest_share, share_of};
 use stanch_api::{HumanDuration, Rung};
 
 use super::{Ctx, Plan, count_move, guard_flapping};
@@ -57,7 +57,7 @@ pub(crate) fn route_for(current_pool: &str, rung: Rung, model: &ModelConfig, pla
     let mut shares = Vec::new();
     let pool = if rung == Rung::Normal {
         primary.to_owned()
-    } else if let Some(largest) = largest(&plan.split) {
+    } else if let Some(largest) = largest_share(&plan.split) {
         shares.clone_from(&plan.split);
         largest.to_owned()
     } else if model.pools.iter().any(|p| p.name() == current_pool)
@@ -79,30 +79,13 @@ pub(crate) fn route_for(current_pool: &str, rung: Rung, model: &ModelConfig, pla
     }
 }
 
-/// The pool with the largest share, the first of them on a tie.
-pub(crate) fn largest(shares: &[PoolShare]) -> Option<&str> {
-    shares
-        .iter()
-        .reduce(|a, b| if b.percent > a.percent { b } else { a })
-        .map(|s| s.pool.as_str())
-}
-
 /// Each pool's share of the model's traffic, in failover order: how far two routes
 /// are from the primary compare as these do (the greater, the nearer).
 pub(crate) fn spread(model: &ModelConfig, pool: &str, shares: &[PoolShare]) -> Vec<u8> {
     model
         .pools
         .iter()
-        .map(|p| {
-            if shares.is_empty() {
-                if p.name() == pool { ALL } else { 0 }
-            } else {
-                shares
-                    .iter()
-                    .find(|s| s.pool == p.name())
-                    .map_or(0, |s| s.percent)
-            }
-        })
+        .map(|p| share_of(pool, shares, p.name()))
         .collect()
 }
 
